@@ -1,0 +1,5 @@
+import sys
+
+from jaxscale.cli import main
+
+sys.exit(main())

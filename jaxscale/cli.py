@@ -1,0 +1,239 @@
+"""The `jaxscale` command.
+
+Every option is checked before JAX starts or compiles anything; a bad value costs one red
+line that names it and the valid choices, and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+# Options reserved on `train` for the strategies that later parts of jaxscale add. They are
+# parsed and range-checked now; a value other than the single-device default is refused.
+RESERVED = {
+    "zero": ("ZeRO stage", [0, 1, 2, 3], 0),
+    "micro_batches": ("micro-batches", None, 1),
+    "schedule": ("pipeline schedule", ["gpipe", "1f1b", "interleaved"], "1f1b"),
+    "remat": ("remat policy", ["none", "full", "matmuls"], "none"),
+    "precision": ("precision policy", ["fp32", "bf16", "fp16", "bf16-pure"], "fp32"),
+}
+
+
+class UsageError(ValueError):
+    """A command-line value is invalid."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad value as one line and exit code 2, without the usage dump."""
+
+    def error(self, message: str):
+        _fail(message)
+
+
+def _fail(message: str):
+    red = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+    line = f"jaxscale: error: {message}"
+    print(f"\033[31m{line}\033[0m" if red else line, file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def _positive_int(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {value}")
+        return value
+    return parse
+
+
+def _positive_float(name: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive number, got {text!r}")
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} must be a positive number, got {text}")
+        return value
+    return parse
+
+
+def _nonneg_int(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 0, got {text!r}")
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 0, got {value}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jaxscale.model import PRESETS
+    from jaxscale.train import LR_SCHEDULES, OPTIMIZERS, TrainConfig
+
+    d = TrainConfig()
+    p = _Parser(prog="jaxscale", description=(
+        "Train a small transformer on the garden-world language and measure how "
+        "training is spread over many devices."))
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    t = sub.add_parser("train", help="train a model on the garden corpus", description=(
+        "Train a causal transformer on the garden-world corpus and report the validation "
+        "loss next to the language's exact entropy floor (the loss no model can beat)."))
+    t.add_argument("--model", default=d.model, choices=list(PRESETS), metavar="NAME",
+                   help=f"model preset: {', '.join(PRESETS)} (default {d.model}; 1b/7b are "
+                        "sized for GPU/TPU)")
+    t.add_argument("--steps", type=_positive_int("--steps"), default=d.steps,
+                   help=f"training steps (default {d.steps})")
+    t.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS, metavar="NAME",
+                   help=f"one of {', '.join(OPTIMIZERS)} (default {d.optimizer})")
+    t.add_argument("--lr", type=_positive_float("--lr"), default=d.lr,
+                   help=f"peak learning rate (default {d.lr:g})")
+    t.add_argument("--lr-schedule", default=d.lr_schedule, choices=LR_SCHEDULES,
+                   metavar="NAME", help="cosine (warm-up, then decay to 10%%) or constant "
+                                        f"(after warm-up); default {d.lr_schedule}")
+    t.add_argument("--warmup", type=_nonneg_int("--warmup"), default=d.warmup,
+                   help=f"linear warm-up steps (default {d.warmup})")
+    t.add_argument("--batch-size", type=_positive_int("--batch-size"), default=d.batch_size,
+                   help=f"documents per step (default {d.batch_size})")
+    t.add_argument("--seed", type=_nonneg_int("--seed"), default=d.seed,
+                   help="seed of the corpus, the initialisation and the batch order "
+                        f"(default {d.seed})")
+    t.add_argument("--eval-every", type=_positive_int("--eval-every"), default=d.eval_every,
+                   help=f"validate every N steps (default {d.eval_every})")
+    t.add_argument("--stop-gap", type=_positive_float("--stop-gap"), default=None,
+                   metavar="NATS", help="stop as soon as validation loss is within NATS of "
+                                        "the entropy floor")
+    t.add_argument("--out", default="runs/train", metavar="DIR",
+                   help="output folder for metrics.jsonl, loss_curve.png, result.json "
+                        "(default runs/train)")
+    t.add_argument("--json", action="store_true",
+                   help="print one JSON object with every figure instead of a table")
+    t.add_argument("--devices", type=_positive_int("--devices"), default=None, metavar="N",
+                   help="split the host CPU into N devices (must come before JAX starts)")
+    t.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="device mesh, e.g. dp=8 or dp=2,tp=2,pp=2 (sizes multiply to "
+                        "the device count)")
+    t.add_argument("--zero", type=int, default=0, metavar="STAGE",
+                   help="ZeRO stage 0-3 (reserved: only 0 for now)")
+    t.add_argument("--micro-batches", type=_positive_int("--micro-batches"), default=1,
+                   metavar="M", help="micro-batches per step (reserved: only 1 for now)")
+    t.add_argument("--schedule", default="1f1b", metavar="NAME",
+                   help="pipeline schedule gpipe, 1f1b or interleaved (reserved)")
+    t.add_argument("--remat", default="none", metavar="POLICY",
+                   help="activation recomputation none, full or matmuls (reserved: none)")
+    t.add_argument("--precision", default="fp32", metavar="POLICY",
+                   help="fp32, bf16, fp16 or bf16-pure (reserved: fp32)")
+    t.set_defaults(run=_cmd_train)
+    return p
+
+
+def _check_reserved(args) -> None:
+    for attr, (what, choices, default) in RESERVED.items():
+        value = getattr(args, attr)
+        flag = "--" + attr.replace("_", "-")
+        if choices is not None and value not in choices:
+            raise UsageError(f"{flag} {value!r} is not a {what}; choose from "
+                             f"{', '.join(map(str, choices))}")
+        if value != default:
+            raise UsageError(f"{flag} {value} is not available yet: this version trains with "
+                             f"{flag} {default} only")
+
+
+def _setup_devices(args):
+    """Force CPU devices and validate the mesh, before any JAX computation."""
+    from jaxscale import devices
+
+    if args.devices is not None:
+        devices.force_cpu_devices(args.devices)
+    if args.mesh is not None:
+        shape = devices.parse_mesh_spec(args.mesh)
+        mesh = devices.make_mesh(shape)
+        if shape.size > 1:
+            raise UsageError(f"--mesh {args.mesh} spans {shape.size} devices, but this version "
+                             "trains on one device; use a mesh whose sizes are all 1")
+        return mesh
+    return None
+
+
+def _enable_compilation_cache() -> None:
+    import jax
+
+    cache = os.environ.get("JAXSCALE_CACHE_DIR",
+                           str(Path.home() / ".cache" / "jaxscale" / "xla"))
+    if cache and cache.lower() != "off":
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _cmd_train(args) -> int:
+    from jaxscale.train import TrainConfig, train
+
+    cfg = TrainConfig(model=args.model, steps=args.steps, optimizer=args.optimizer, lr=args.lr,
+                      lr_schedule=args.lr_schedule, warmup=args.warmup,
+                      batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
+                      stop_gap=args.stop_gap)
+    cfg.validate()
+    _check_reserved(args)
+    _setup_devices(args)
+    _enable_compilation_cache()
+
+    def log(msg):
+        print(f"jaxscale: warning: {msg}", file=sys.stderr)
+
+    result = train(cfg, out_dir=args.out, progress=not args.json, log=log)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        _print_summary(result, args.out)
+    return 0
+
+
+def _print_summary(r, out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"jaxscale train: {r.config['model']}", show_header=False)
+    rows = [
+        ("parameters", f"{r.param_count:,}"),
+        ("steps", f"{r.steps_run:,} ({r.tokens_seen:,} target tokens)"),
+        ("final training loss", f"{r.loss_curve[-1]:.4f} nats/token"),
+        ("validation loss", f"{r.val_loss:.4f} nats/token"),
+        ("entropy floor (exact)", f"{r.entropy_floor:.4f} nats/token"),
+        ("gap to floor", f"{r.gap:.4f} nats"),
+        ("compile (first step)", f"{r.compile_s:.2f} s"),
+        ("training wall time", f"{r.train_s:.1f} s, {r.tokens_per_s:,.0f} tokens/s"),
+    ]
+    if r.reached_gap_at_s is not None:
+        rows.append((f"reached gap <= {r.config['stop_gap']}", f"after {r.reached_gap_at_s:.1f} s"))
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
+    print(f"metrics, loss curve and result in {out}/")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ValueError as e:  # our errors are ValueError subclasses with a complete message
+        if type(e).__module__.startswith("jaxscale"):
+            _fail(str(e))
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""One causal transformer (Flax NNX) used by every strategy in jaxscale.
+
+Pre-LayerNorm GPT-style blocks: token + learned position embeddings, multi-head causal
+self-attention, a 4x GELU MLP, a final LayerNorm and an output head tied to the token
+embedding (logits = h @ E^T), so the tiny preset stays close to the lectures' 28,672
+parameters.
+
+The L blocks are not L modules: each block parameter is ONE array with a leading `layers`
+axis, and the forward pass runs `jax.lax.scan` over it. Pipeline parallelism later shards
+that axis across stages; no second model is written. Every parameter carries logical axis
+names (`axes` metadata: vocab, embed, heads, head_dim, mlp, layers, position) that a
+sharding Plan maps onto mesh axes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxscale import garden
+
+
+class ModelConfigError(ValueError):
+    """A model configuration is inconsistent."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the transformer."""
+
+    vocab_size: int
+    seq_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v <= 0:
+                raise ModelConfigError(f"{f.name} must be positive, got {v}")
+        if self.d_model % self.n_heads:
+            raise ModelConfigError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def _garden(**kw) -> ModelConfig:
+    return ModelConfig(vocab_size=len(garden.VOCAB), seq_len=64, **kw)
+
+
+# Presets. tiny and small train here on CPU; the 1B-class ones are for GPU/TPU and are only
+# ever built abstractly on CPU (jax.eval_shape), e.g. to size memory.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": _garden(d_model=32, n_layers=2, n_heads=4, d_ff=128),
+    "small": _garden(d_model=256, n_layers=4, n_heads=8, d_ff=1024),
+    "1b": ModelConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_layers=18,
+                      n_heads=16, d_ff=8192),
+    "7b": ModelConfig(vocab_size=32000, seq_len=4096, d_model=4096, n_layers=32,
+                      n_heads=32, d_ff=16384),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """The ModelConfig called `name`; a clear error lists the valid names."""
+    if name not in PRESETS:
+        raise ModelConfigError(f"unknown model {name!r}; choose from {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """Closed-form number of parameters (tied output head)."""
+    d, f, v, t = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.seq_len
+    attention = 4 * d * d + 4 * d  # Wq, Wk, Wv, Wo and their biases
+    mlp = 2 * d * f + f + d
+    norms = 2 * 2 * d  # two LayerNorms, scale and bias
+    return v * d + t * d + cfg.n_layers * (attention + mlp + norms) + 2 * d
+
+
+# --------------------------------------------------------------------------------------
+# Parameters
+# --------------------------------------------------------------------------------------
+
+def _param(init, key, shape, axes, std=None) -> nnx.Param:
+    value = init(key, shape) if std is None else std * init(key, shape)
+    assert len(axes) == len(shape), (axes, shape)
+    return nnx.Param(value, axes=axes)
+
+
+def _zeros(shape, axes) -> nnx.Param:
+    return nnx.Param(jnp.zeros(shape, jnp.float32), axes=axes)
+
+
+def _ones(shape, axes) -> nnx.Param:
+    return nnx.Param(jnp.ones(shape, jnp.float32), axes=axes)
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm parameters with an optional leading layers axis."""
+
+    def __init__(self, d: int, lead: tuple[int, ...] = ()):
+        lead_axes = ("layers",) * len(lead)
+        self.scale = _ones((*lead, d), (*lead_axes, "embed"))
+        self.bias = _zeros((*lead, d), (*lead_axes, "embed"))
+
+
+class Blocks(nnx.Module):
+    """All transformer blocks, every parameter stacked along a leading `layers` axis."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        L, d, h, k, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
+        normal = jax.nn.initializers.normal(cfg.init_std)
+        # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2L)
+        residual = jax.nn.initializers.normal(cfg.init_std / math.sqrt(2 * L))
+        self.ln1 = LayerNorm(d, (L,))
+        self.wq = _param(normal, rngs.params(), (L, d, h, k), ("layers", "embed", "heads", "head_dim"))
+        self.wk = _param(normal, rngs.params(), (L, d, h, k), ("layers", "embed", "heads", "head_dim"))
+        self.wv = _param(normal, rngs.params(), (L, d, h, k), ("layers", "embed", "heads", "head_dim"))
+        self.bq = _zeros((L, h, k), ("layers", "heads", "head_dim"))
+        self.bk = _zeros((L, h, k), ("layers", "heads", "head_dim"))
+        self.bv = _zeros((L, h, k), ("layers", "heads", "head_dim"))
+        self.wo = _param(residual, rngs.params(), (L, h, k, d), ("layers", "heads", "head_dim", "embed"))
+        self.bo = _zeros((L, d), ("layers", "embed"))
+        self.ln2 = LayerNorm(d, (L,))
+        self.w1 = _param(normal, rngs.params(), (L, d, f), ("layers", "embed", "mlp"))
+        self.b1 = _zeros((L, f), ("layers", "mlp"))
+        self.w2 = _param(residual, rngs.params(), (L, f, d), ("layers", "mlp", "embed"))
+        self.b2 = _zeros((L, d), ("layers", "embed"))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        stacked = nnx.to_pure_dict(nnx.state(self, nnx.Param))
+        x, _ = jax.lax.scan(lambda h, p: (block(p, h), None), x, stacked)
+        return x
+
+
+class Transformer(nnx.Module):
+    """Causal language model: token ids [B, T] -> logits [B, T, vocab]."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        normal = jax.nn.initializers.normal(cfg.init_std)
+        self.tok_embed = _param(normal, rngs.params(), (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
+        self.pos_embed = _param(normal, rngs.params(), (cfg.seq_len, cfg.d_model), ("position", "embed"))
+        self.blocks = Blocks(cfg, rngs)
+        self.ln_f = LayerNorm(cfg.d_model)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        t = tokens.shape[-1]
+        if t > self.cfg.seq_len:
+            raise ModelConfigError(f"sequence of {t} tokens exceeds seq_len={self.cfg.seq_len}")
+        x = self.tok_embed[tokens] + self.pos_embed[:t]
+        x = self.blocks(x)
+        x = layer_norm(x, self.ln_f.scale[...], self.ln_f.bias[...])
+        return jnp.einsum("btd,vd->btv", x, self.tok_embed[...])  # tied output head
+
+
+# --------------------------------------------------------------------------------------
+# The block as pure functions of one layer's parameters (a dict of arrays)
+# --------------------------------------------------------------------------------------
+
+def layer_norm(x, scale, bias, eps: float = 1e-5):
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mean).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+
+
+def attention(p, x):
+    """Multi-head causal self-attention; heads are independent until the output projection."""
+    q = jnp.einsum("btd,dhk->bthk", x, p["wq"]) + p["bq"]
+    k = jnp.einsum("btd,dhk->bthk", x, p["wk"]) + p["bk"]
+    v = jnp.einsum("btd,dhk->bthk", x, p["wv"]) + p["bv"]
+    scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(q.shape[-1])
+    t = x.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+    weights = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+    return jnp.einsum("bthk,hkd->btd", out, p["wo"]) + p["bo"]
+
+
+def mlp(p, x):
+    return jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+def block(p, x):
+    """One pre-LN transformer block: x + attn(LN(x)), then + mlp(LN(.))."""
+    x = x + attention(p, layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"]))
+    return x + mlp(p, layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"]))
+
+
+# --------------------------------------------------------------------------------------
+# Construction helpers
+# --------------------------------------------------------------------------------------
+
+def build(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    """A freshly initialised model (deterministic in `seed`)."""
+    return Transformer(cfg, rngs=nnx.Rngs(params=seed))
+
+
+def abstract(cfg: ModelConfig):
+    """The model's parameter shapes and dtypes without allocating them (for big presets)."""
+    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
+
+
+def count_params(model: Transformer) -> int:
+    """Number of parameters actually in the model (works on abstract models too)."""
+    return sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def logical_axes(model: Transformer) -> dict:
+    """Nested dict, shaped like the parameters, of each parameter's logical axis names."""
+    axes = jax.tree.map(lambda v: v.get_metadata("axes"), nnx.state(model, nnx.Param),
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.to_pure_dict(axes)

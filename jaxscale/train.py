@@ -1,0 +1,316 @@
+"""Single-device training: the loss, a jitted train step for any optax transformation, the loop.
+
+The loss is the sum of token NLLs divided by the number of target tokens in the GLOBAL
+batch. Averaging per-sequence (or per-shard) means instead would weight a 10-token
+document like a 50-token one; data parallelism and gradient accumulation reuse
+`nll_and_count` so that they divide by the same global count.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxscale import garden, model as modellib
+
+
+class TrainConfigError(ValueError):
+    """A training option is out of range."""
+
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "momentum", "adagrad", "rmsprop")
+LR_SCHEDULES = ("cosine", "constant")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a single-device training run."""
+
+    model: str = "tiny"
+    steps: int = 1500
+    optimizer: str = "adamw"
+    lr: float = 1e-2
+    lr_schedule: str = "cosine"
+    warmup: int = 100
+    batch_size: int = 32
+    seed: int = 0
+    eval_every: int = 100
+    stop_gap: float | None = None  # stop once val loss - floor <= stop_gap (nats)
+    n_train_docs: int = 8192
+    n_val_docs: int = 512
+
+    def validate(self) -> None:
+        modellib.preset(self.model)
+        checks = [
+            (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
+            (self.optimizer in OPTIMIZERS,
+             f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}"),
+            (math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, got {self.lr}"),
+            (self.lr_schedule in LR_SCHEDULES,
+             f"unknown lr schedule {self.lr_schedule!r}; choose from {', '.join(LR_SCHEDULES)}"),
+            (self.warmup >= 0, f"warmup must be >= 0 steps, got {self.warmup}"),
+            (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
+            (self.eval_every >= 1, f"eval_every must be >= 1, got {self.eval_every}"),
+            (self.stop_gap is None or self.stop_gap > 0,
+             f"stop_gap must be a positive number of nats, got {self.stop_gap}"),
+            (self.n_train_docs >= self.batch_size,
+             f"n_train_docs={self.n_train_docs} is smaller than one batch ({self.batch_size})"),
+            (self.n_val_docs >= 1, f"n_val_docs must be >= 1, got {self.n_val_docs}"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise TrainConfigError(msg)
+        if self.model not in ("tiny", "small"):
+            raise TrainConfigError(
+                f"model {self.model!r} is sized for GPU/TPU and is only built abstractly here; "
+                "train 'tiny' or 'small'")
+
+
+def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
+    """Linear warm-up to cfg.lr, then constant or cosine decay to 10% by the last step."""
+    warmup = min(cfg.warmup, cfg.steps // 2)
+    if cfg.lr_schedule == "constant":
+        return optax.linear_schedule(0.0, cfg.lr, warmup) if warmup else optax.constant_schedule(cfg.lr)
+    return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1),
+                                              end_value=0.1 * cfg.lr)
+
+
+def make_optimizer(name: str, learning_rate) -> optax.GradientTransformation:
+    """An optax optimizer by name (the optimizers issue adds our own hand-written twins)."""
+    makers = {
+        "adamw": lambda: optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=0.1),
+        "adam": lambda: optax.adam(learning_rate),
+        "sgd": lambda: optax.sgd(learning_rate),
+        "momentum": lambda: optax.sgd(learning_rate, momentum=0.9),
+        "adagrad": lambda: optax.adagrad(learning_rate),
+        "rmsprop": lambda: optax.rmsprop(learning_rate),
+    }
+    if name not in makers:
+        raise TrainConfigError(f"unknown optimizer {name!r}; choose from {', '.join(makers)}")
+    return makers[name]()
+
+
+# --------------------------------------------------------------------------------------
+# Loss and step
+# --------------------------------------------------------------------------------------
+
+def nll_and_count(graphdef, params, batch) -> tuple[jax.Array, jax.Array]:
+    """(sum of target-token NLLs, number of target tokens) over a batch; padding excluded."""
+    logits = nnx.merge(graphdef, params)(batch["tokens"]).astype(jnp.float32)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    mask = batch["mask"]
+    return jnp.sum(nll * mask), jnp.sum(mask)
+
+
+def loss_fn(graphdef, params, batch) -> jax.Array:
+    """Mean NLL per target token of the whole batch (sum / count, not a mean of means)."""
+    total, count = nll_and_count(graphdef, params, batch)
+    return total / count
+
+
+def make_train_step(graphdef, optimizer: optax.GradientTransformation):
+    """A jitted step(params, opt_state, batch) -> (params, opt_state, metrics)."""
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(lambda p: loss_fn(graphdef, p, batch))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                   "n_tokens": jnp.sum(batch["mask"])}
+        return params, opt_state, metrics
+
+    return step
+
+
+def make_eval_step(graphdef):
+    """A jitted function batch -> (sum NLL, token count), for validation."""
+    return jax.jit(lambda params, batch: nll_and_count(graphdef, params, batch))
+
+
+def as_arrays(batch: garden.Batch) -> dict[str, np.ndarray]:
+    return {"tokens": batch.tokens, "targets": batch.targets, "mask": batch.mask}
+
+
+def evaluate(eval_step, params, batches: list[garden.Batch]) -> float:
+    """Validation loss: total NLL over all validation tokens / their count."""
+    total = count = 0.0
+    for b in batches:
+        s, c = eval_step(params, as_arrays(b))
+        total += float(s)
+        count += float(c)
+    return total / count
+
+
+# --------------------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class TrainResult:
+    config: dict
+    param_count: int
+    entropy_floor: float
+    loss_curve: list[float]
+    grad_norms: list[float]
+    val_curve: list[tuple[int, float]]
+    val_loss: float
+    steps_run: int
+    tokens_seen: int
+    compile_s: float
+    train_s: float
+    tokens_per_s: float
+    reached_gap_at_s: float | None  # wall seconds from start of training to val gap <= stop_gap
+
+    @property
+    def gap(self) -> float:
+        return self.val_loss - self.entropy_floor
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["gap"] = self.gap
+        return d
+
+
+class _Progress:
+    """A rich progress bar on a terminal; a plain line every 10% of the steps otherwise."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.bar, self.next_line = total, enabled, None, 0
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+                TimeRemainingColumn
+            console = Console(stderr=True)
+            if console.is_terminal:
+                self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                                    console=console)
+                self.task = self.bar.add_task("train", total=total, info="compiling...")
+                self.bar.start()
+
+    def update(self, step: int, info: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, info=info)
+        elif self.enabled and (step >= self.next_line or step == self.total):
+            print(f"train {step}/{self.total} {info}", file=sys.stderr, flush=True)
+            self.next_line = step + max(1, self.total // 10)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def init_state(cfg: TrainConfig):
+    """(graphdef, params, optimizer, opt_state) for a fresh run of `cfg`.
+
+    `graphdef` is the model's static structure; `params` the arrays as a nested dict.
+    """
+    mcfg = modellib.preset(cfg.model)
+    graphdef, state = nnx.split(modellib.build(mcfg, seed=cfg.seed), nnx.Param)
+    params = nnx.to_pure_dict(state)  # a plain nested dict of arrays; nnx.merge accepts it
+    optimizer = make_optimizer(cfg.optimizer, lr_schedule(cfg))
+    return graphdef, params, optimizer, optimizer.init(params)
+
+
+def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = True,
+          log=None) -> TrainResult:
+    """Train on the garden corpus; write metrics.jsonl and loss_curve.png into out_dir."""
+    cfg.validate()
+    mcfg = modellib.preset(cfg.model)
+    corpus = garden.make_corpus(cfg.seed, cfg.n_train_docs, cfg.n_val_docs, mcfg.seq_len)
+    floor = corpus.entropy_floor
+    val_batches = corpus.val_batches(cfg.batch_size * 4)
+    graphdef, params, optimizer, opt_state = init_state(cfg)
+    step_fn, eval_fn = make_train_step(graphdef, optimizer), make_eval_step(graphdef)
+    out = Path(out_dir) if out_dir is not None else None
+    jsonl = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        jsonl = open(out / "metrics.jsonl", "w")
+
+    batches = corpus.train_batches(cfg.batch_size, seed=cfg.seed)
+    losses, norms, val_curve = [], [], []
+    tokens = 0
+    bar = _Progress(cfg.steps, progress)
+    t_start = time.perf_counter()
+    compile_s, reached_at, norm_median = 0.0, None, None
+    try:
+        for step in range(1, cfg.steps + 1):
+            b = next(batches)
+            t0 = time.perf_counter()
+            params, opt_state, m = step_fn(params, opt_state, as_arrays(b))
+            loss, gnorm = float(m["loss"]), float(m["grad_norm"])
+            if step == 1:
+                compile_s = time.perf_counter() - t0
+            losses.append(loss)
+            norms.append(gnorm)
+            tokens += b.n_tokens
+            # the gradient norm warns of a loss spike before the loss does
+            if norm_median is not None and gnorm > 5 * norm_median and log is not None:
+                log(f"step {step}: gradient norm {gnorm:.3g} is {gnorm / norm_median:.1f}x "
+                    "its recent median (possible loss spike)")
+            norm_median = float(np.median(norms[-50:]))
+            record = {"step": step, "loss": loss, "grad_norm": gnorm, "n_tokens": b.n_tokens,
+                      "lr": float(lr_schedule(cfg)(step - 1)),
+                      "time_s": time.perf_counter() - t_start}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                val = evaluate(eval_fn, params, val_batches)
+                val_curve.append((step, val))
+                record.update(val_loss=val, entropy_floor=floor, gap=val - floor)
+                if cfg.stop_gap is not None and val - floor <= cfg.stop_gap and reached_at is None:
+                    reached_at = time.perf_counter() - t_start
+            if jsonl is not None:
+                jsonl.write(json.dumps(record) + "\n")
+            elapsed = time.perf_counter() - t_start - compile_s
+            rate = tokens / elapsed if elapsed > 0 and step > 1 else 0.0
+            gap_txt = f" gap {val_curve[-1][1] - floor:.3f}" if val_curve else ""
+            bar.update(step, f"loss {loss:.3f}{gap_txt} | {rate:,.0f} tok/s")
+            if reached_at is not None:
+                break
+    finally:
+        bar.close()
+        if jsonl is not None:
+            jsonl.close()
+    train_s = time.perf_counter() - t_start
+    if not val_curve or val_curve[-1][0] != len(losses):
+        val_curve.append((len(losses), evaluate(eval_fn, params, val_batches)))
+    result = TrainResult(
+        config=asdict(cfg), param_count=modellib.param_count(mcfg), entropy_floor=floor,
+        loss_curve=losses, grad_norms=norms, val_curve=val_curve, val_loss=val_curve[-1][1],
+        steps_run=len(losses), tokens_seen=tokens, compile_s=compile_s, train_s=train_s,
+        tokens_per_s=tokens / max(train_s - compile_s, 1e-9), reached_gap_at_s=reached_at)
+    if out is not None:
+        plot_loss_curve(result, out / "loss_curve.png")
+        (out / "result.json").write_text(json.dumps(result.to_json(), indent=1))
+    return result
+
+
+def plot_loss_curve(result: TrainResult, path: Path) -> None:
+    """Training loss per step, validation loss, and the exact entropy floor."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(range(1, len(result.loss_curve) + 1), result.loss_curve, lw=0.8, label="train loss")
+    vs, vl = zip(*result.val_curve)
+    ax.plot(vs, vl, "o-", ms=3, label="validation loss")
+    ax.axhline(result.entropy_floor, color="k", ls="--",
+               label=f"entropy floor {result.entropy_floor:.4f}")
+    ax.set(xlabel="step", ylabel="nats / token", yscale="log",
+           title=f"{result.config['model']} ({result.param_count:,} params), "
+                 f"{result.config['optimizer']} lr={result.config['lr']:g}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

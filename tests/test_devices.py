@@ -1,0 +1,84 @@
+"""Forcing host-CPU devices and building meshes from spec strings."""
+import json
+
+import jax
+import pytest
+
+from jaxscale.devices import (DeviceError, MeshShape, MeshSpecError, force_cpu_devices,
+                              make_mesh, parse_mesh_spec)
+
+from conftest import N_DEVICES, run_python
+
+
+@pytest.mark.parametrize("spec, shape", [
+    ("dp=8", MeshShape(dp=8)),
+    ("dp=2,tp=2,pp=2", MeshShape(2, 2, 2)),
+    (" tp = 4 , dp=2 ", MeshShape(dp=2, tp=4)),
+    ("pp=1", MeshShape()),
+])
+def test_parse_mesh_spec(spec, shape):
+    assert parse_mesh_spec(spec) == shape
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("dp=2,xp=4", ["unknown mesh axis 'xp'", "dp, pp, tp"]),
+    ("dp=2,dp=4", ["'dp' given twice"]),
+    ("dp=0", ["positive integer", "got 0"]),
+    ("dp=-2", ["positive integer", "got -2"]),
+    ("dp=2.5", ["positive integer", "'2.5'"]),
+    ("dp=two", ["positive integer", "'two'"]),
+    ("dp", ["cannot read 'dp'", "AXIS=SIZE"]),
+    ("", ["empty mesh spec"]),
+])
+def test_bad_mesh_specs_name_the_problem(spec, words):
+    with pytest.raises(MeshSpecError) as e:
+        parse_mesh_spec(spec)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_mesh_over_forced_devices(devices):
+    mesh = make_mesh("dp=2,tp=2,pp=2")
+    assert mesh.axis_names == ("dp", "pp", "tp")
+    assert dict(mesh.shape) == {"dp": 2, "pp": 2, "tp": 2}
+    assert sorted(d.id for d in mesh.devices.flat) == list(range(N_DEVICES))
+    # tp is the innermost axis: a tp group is made of neighbouring devices
+    assert [d.id for d in mesh.devices[0, 0, :]] == [0, 1]
+    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+
+
+def test_mesh_size_must_match_device_count(devices):
+    with pytest.raises(MeshSpecError, match="needs 4 devices but 8 are available"):
+        make_mesh("dp=4")
+    assert dict(make_mesh("dp=4", devices[:4]).shape)["dp"] == 4
+
+
+def test_force_after_backend_started_raises_instead_of_ignoring(devices):
+    assert len(force_cpu_devices(N_DEVICES)) == N_DEVICES  # same count: fine
+    with pytest.raises(DeviceError, match="already started with 8"):
+        force_cpu_devices(4)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(DeviceError, match="positive integer"):
+            force_cpu_devices(bad)
+
+
+def test_force_in_fresh_process_and_the_flag_it_replaces():
+    """In a fresh process forcing works; the raw XLA flag set too late is silently ignored."""
+    code = """
+import json, os, jax, jax.numpy as jnp
+from jaxscale.devices import force_cpu_devices, DeviceError
+n = len(force_cpu_devices(4))
+jnp.zeros(1).block_until_ready()
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # too late: ignored
+after_flag = len(jax.devices())
+try:
+    force_cpu_devices(2); err = None
+except DeviceError as e:
+    err = str(e)
+print(json.dumps({"n": n, "after_flag": after_flag, "err": err}))
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["n"] == 4 and out["after_flag"] == 4
+    assert "asked for 2 CPU devices" in out["err"] and "already started with 4" in out["err"]
