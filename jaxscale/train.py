@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import optax
 from flax import nnx
 
 from jaxscale import garden, model as modellib
+from jaxscale.report import Progress, plot_loss_curve
 
 
 class TrainConfigError(ValueError):
@@ -181,35 +181,6 @@ class TrainResult:
         return d
 
 
-class _Progress:
-    """A rich progress bar on a terminal; a plain line every 10% of the steps otherwise."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.bar, self.next_line = total, enabled, None, 0
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
-                TimeRemainingColumn
-            console = Console(stderr=True)
-            if console.is_terminal:
-                self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-                                    console=console)
-                self.task = self.bar.add_task("train", total=total, info="compiling...")
-                self.bar.start()
-
-    def update(self, step: int, info: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=step, info=info)
-        elif self.enabled and (step >= self.next_line or step == self.total):
-            print(f"train {step}/{self.total} {info}", file=sys.stderr, flush=True)
-            self.next_line = step + max(1, self.total // 10)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def init_state(cfg: TrainConfig):
     """(graphdef, params, optimizer, opt_state) for a fresh run of `cfg`.
 
@@ -241,7 +212,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     batches = corpus.train_batches(cfg.batch_size, seed=cfg.seed)
     losses, norms, val_curve = [], [], []
     tokens = 0
-    bar = _Progress(cfg.steps, progress)
+    bar = Progress(cfg.steps, progress, label="train")
     t_start = time.perf_counter()
     compile_s, reached_at, norm_median = 0.0, None, None
     try:
@@ -293,24 +264,3 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
         plot_loss_curve(result, out / "loss_curve.png")
         (out / "result.json").write_text(json.dumps(result.to_json(), indent=1))
     return result
-
-
-def plot_loss_curve(result: TrainResult, path: Path) -> None:
-    """Training loss per step, validation loss, and the exact entropy floor."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(range(1, len(result.loss_curve) + 1), result.loss_curve, lw=0.8, label="train loss")
-    vs, vl = zip(*result.val_curve)
-    ax.plot(vs, vl, "o-", ms=3, label="validation loss")
-    ax.axhline(result.entropy_floor, color="k", ls="--",
-               label=f"entropy floor {result.entropy_floor:.4f}")
-    ax.set(xlabel="step", ylabel="nats / token", yscale="log",
-           title=f"{result.config['model']} ({result.param_count:,} params), "
-                 f"{result.config['optimizer']} lr={result.config['lr']:g}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

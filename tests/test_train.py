@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from jaxscale import garden, model as M
-from jaxscale.train import (TrainConfig, TrainConfigError, as_arrays, init_state, loss_fn,
+from jaxscale.train import (TrainConfig, as_arrays, init_state, loss_fn,
                             make_train_step, train)
 
 SHORT = dict(steps=30, eval_every=15, warmup=5, n_train_docs=256, n_val_docs=64)

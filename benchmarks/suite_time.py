@@ -1,0 +1,45 @@
+"""Benchmark: cold wall time of the README's test command on a fresh clone.
+
+Clones the repository's HEAD into a temporary folder (so no compilation cache and no
+virtual environment exist yet), runs `.ci/run` there and records the whole wall time
+(virtual environment, install, pytest) and pytest's own reported time. Writes
+benchmarks/results/test_suite.json. The target is well under 10 minutes on 2 cores.
+
+    python benchmarks/suite_time.py
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = Path(tmp) / "jaxscale"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        t0 = time.perf_counter()
+        r = subprocess.run(["bash", ".ci/run"], cwd=clone, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    tail = (r.stdout + r.stderr).strip().splitlines()[-1]
+    m = re.search(r"(\d+) passed.* in ([\d.]+)s", tail)
+    if r.returncode != 0 or not m:
+        sys.exit(f".ci/run failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    result = {"benchmark": "test_suite_cold", "ci_wall_s": wall, "pytest_s": float(m.group(2)),
+              "tests_passed": int(m.group(1)), "target_s": 600, "cpus": os.cpu_count(),
+              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                       capture_output=True, text=True).stdout.strip()}
+    out = ROOT / "benchmarks" / "results" / "test_suite.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"fresh clone: .ci/run {wall:.1f} s in all, pytest {result['pytest_s']:.1f} s, "
+          f"{result['tests_passed']} passed (target < {result['target_s']} s)")
+
+
+if __name__ == "__main__":
+    main()
