@@ -26,7 +26,7 @@ def main():
         t0 = time.perf_counter()
         r = subprocess.run(["bash", ".ci/run"], cwd=clone, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-    tail = (r.stdout + r.stderr).strip().splitlines()[-1]
+    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
     m = re.search(r"(\d+) passed.* in ([\d.]+)s", tail)
     if r.returncode != 0 or not m:
         sys.exit(f".ci/run failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
