@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -42,38 +43,17 @@ def _fail(message: str):
     raise SystemExit(EXIT_USAGE)
 
 
-def _positive_int(name: str):
-    def parse(text: str) -> int:
+def _number(kind=int, minimum=1, exclusive=False):
+    """An argparse type: a finite `kind` that is >= minimum (> minimum if exclusive)."""
+    need = f"{'an integer' if kind is int else 'a number'} {'>' if exclusive else '>='} {minimum}"
+
+    def parse(text: str):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {value}")
-        return value
-    return parse
-
-
-def _positive_float(name: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive number, got {text!r}")
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"{name} must be a positive number, got {text}")
-        return value
-    return parse
-
-
-def _nonneg_int(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 0, got {text!r}")
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 0, got {value}")
+            raise argparse.ArgumentTypeError(f"must be {need}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (exclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {need}, got {text}")
         return value
     return parse
 
@@ -95,25 +75,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default=d.model, choices=list(PRESETS), metavar="NAME",
                    help=f"model preset: {', '.join(PRESETS)} (default {d.model}; 1b/7b are "
                         "sized for GPU/TPU)")
-    t.add_argument("--steps", type=_positive_int("--steps"), default=d.steps,
+    t.add_argument("--steps", type=_number(), default=d.steps,
                    help=f"training steps (default {d.steps})")
     t.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS, metavar="NAME",
                    help=f"one of {', '.join(OPTIMIZERS)} (default {d.optimizer})")
-    t.add_argument("--lr", type=_positive_float("--lr"), default=d.lr,
+    t.add_argument("--lr", type=_number(float, 0, exclusive=True), default=d.lr,
                    help=f"peak learning rate (default {d.lr:g})")
     t.add_argument("--lr-schedule", default=d.lr_schedule, choices=LR_SCHEDULES,
                    metavar="NAME", help="cosine (warm-up, then decay to 10%%) or constant "
                                         f"(after warm-up); default {d.lr_schedule}")
-    t.add_argument("--warmup", type=_nonneg_int("--warmup"), default=d.warmup,
+    t.add_argument("--warmup", type=_number(minimum=0), default=d.warmup,
                    help=f"linear warm-up steps (default {d.warmup})")
-    t.add_argument("--batch-size", type=_positive_int("--batch-size"), default=d.batch_size,
+    t.add_argument("--batch-size", type=_number(), default=d.batch_size,
                    help=f"documents per step (default {d.batch_size})")
-    t.add_argument("--seed", type=_nonneg_int("--seed"), default=d.seed,
+    t.add_argument("--seed", type=_number(minimum=0), default=d.seed,
                    help="seed of the corpus, the initialisation and the batch order "
                         f"(default {d.seed})")
-    t.add_argument("--eval-every", type=_positive_int("--eval-every"), default=d.eval_every,
+    t.add_argument("--eval-every", type=_number(), default=d.eval_every,
                    help=f"validate every N steps (default {d.eval_every})")
-    t.add_argument("--stop-gap", type=_positive_float("--stop-gap"), default=None,
+    t.add_argument("--stop-gap", type=_number(float, 0, exclusive=True), default=None,
                    metavar="NATS", help="stop as soon as validation loss is within NATS of "
                                         "the entropy floor")
     t.add_argument("--out", default="runs/train", metavar="DIR",
@@ -121,14 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default runs/train)")
     t.add_argument("--json", action="store_true",
                    help="print one JSON object with every figure instead of a table")
-    t.add_argument("--devices", type=_positive_int("--devices"), default=None, metavar="N",
+    t.add_argument("--devices", type=_number(), default=None, metavar="N",
                    help="split the host CPU into N devices (must come before JAX starts)")
     t.add_argument("--mesh", default=None, metavar="SPEC",
                    help="device mesh, e.g. dp=8 or dp=2,tp=2,pp=2 (sizes multiply to "
                         "the device count)")
     t.add_argument("--zero", type=int, default=0, metavar="STAGE",
                    help="ZeRO stage 0-3 (reserved: only 0 for now)")
-    t.add_argument("--micro-batches", type=_positive_int("--micro-batches"), default=1,
+    t.add_argument("--micro-batches", type=_number(), default=1,
                    metavar="M", help="micro-batches per step (reserved: only 1 for now)")
     t.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help="pipeline schedule gpipe, 1f1b or interleaved (reserved)")

@@ -157,6 +157,8 @@ def evaluate(eval_step, params, batches: list[garden.Batch]) -> float:
 
 @dataclass
 class TrainResult:
+    """Every figure of a run; `to_json()` is what `jaxscale train --json` prints."""
+
     config: dict
     param_count: int
     entropy_floor: float
@@ -166,7 +168,7 @@ class TrainResult:
     val_loss: float
     steps_run: int
     tokens_seen: int
-    compile_s: float
+    compile_s: float  # wall time of the first step, dominated by compilation
     train_s: float
     tokens_per_s: float
     reached_gap_at_s: float | None  # wall seconds from start of training to val gap <= stop_gap
@@ -212,6 +214,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     batches = corpus.train_batches(cfg.batch_size, seed=cfg.seed)
     losses, norms, val_curve = [], [], []
     tokens = 0
+    schedule = lr_schedule(cfg)
     bar = Progress(cfg.steps, progress, label="train")
     t_start = time.perf_counter()
     compile_s, reached_at, norm_median = 0.0, None, None
@@ -220,6 +223,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             b = next(batches)
             t0 = time.perf_counter()
             params, opt_state, m = step_fn(params, opt_state, as_arrays(b))
+            m = jax.device_get(m)  # waits for the step; one transfer for all metrics
             loss, gnorm = float(m["loss"]), float(m["grad_norm"])
             if step == 1:
                 compile_s = time.perf_counter() - t0
@@ -232,7 +236,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
                     "its recent median (possible loss spike)")
             norm_median = float(np.median(norms[-50:]))
             record = {"step": step, "loss": loss, "grad_norm": gnorm, "n_tokens": b.n_tokens,
-                      "lr": float(lr_schedule(cfg)(step - 1)),
+                      "lr": float(schedule(step - 1)),
                       "time_s": time.perf_counter() - t_start}
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 val = evaluate(eval_fn, params, val_batches)
