@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxscale import garden, model as modellib
+from jaxscale import garden, model as modellib, optim
 from jaxscale.report import Progress, plot_loss_curve
 
 
@@ -27,7 +27,7 @@ class TrainConfigError(ValueError):
     """A training option is out of range."""
 
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "momentum", "adagrad", "rmsprop")
+OPTIMIZERS = tuple(optim.OPTIMIZERS)
 LR_SCHEDULES = ("cosine", "constant")
 
 
@@ -84,19 +84,16 @@ def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
                                               end_value=0.1 * cfg.lr)
 
 
+# Training defaults per optimizer, on top of jaxscale.optim's (which equal optax's):
+# AdamW as LLMs are usually pre-trained (b2 = 0.95, weight decay 0.1).
+TRAIN_HYPERPARAMETERS = {"adamw": {"b2": 0.95, "weight_decay": 0.1}}
+
+
 def make_optimizer(name: str, learning_rate) -> optax.GradientTransformation:
-    """An optax optimizer by name (the optimizers issue adds our own hand-written twins)."""
-    makers = {
-        "adamw": lambda: optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=0.1),
-        "adam": lambda: optax.adam(learning_rate),
-        "sgd": lambda: optax.sgd(learning_rate),
-        "momentum": lambda: optax.sgd(learning_rate, momentum=0.9),
-        "adagrad": lambda: optax.adagrad(learning_rate),
-        "rmsprop": lambda: optax.rmsprop(learning_rate),
-    }
-    if name not in makers:
-        raise TrainConfigError(f"unknown optimizer {name!r}; choose from {', '.join(makers)}")
-    return makers[name]()
+    """A hand-written optimizer from jaxscale.optim (bit-identical to its optax twin)."""
+    if name not in OPTIMIZERS:
+        raise TrainConfigError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
+    return optim.make(name, learning_rate, **TRAIN_HYPERPARAMETERS.get(name, {}))
 
 
 # --------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ def test_stop_gap_ends_training_early():
 
 @pytest.mark.parametrize("change, message", [
     (dict(steps=0), "steps must be >= 1, got 0"),
-    (dict(optimizer="lion"), "unknown optimizer 'lion'; choose from adamw"),
+    (dict(optimizer="lion"), "unknown optimizer 'lion'; choose from sgd, momentum"),
     (dict(lr=-1.0), "lr must be a positive number, got -1.0"),
     (dict(lr_schedule="step"), "unknown lr schedule 'step'"),
     (dict(model="7b"), "only built abstractly"),
