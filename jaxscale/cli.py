@@ -148,7 +148,7 @@ def _setup_devices(args):
     return None
 
 
-def _enable_compilation_cache() -> None:
+def enable_compilation_cache() -> None:
     import jax
 
     cache = os.environ.get("JAXSCALE_CACHE_DIR",
@@ -169,7 +169,7 @@ def _cmd_train(args) -> int:
     cfg.validate()
     _check_reserved(args)
     _setup_devices(args)
-    _enable_compilation_cache()
+    enable_compilation_cache()
 
     def log(msg):
         print(f"jaxscale: warning: {msg}", file=sys.stderr)

@@ -257,6 +257,11 @@ def adam_l2(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
     return optax.GradientTransformation(inner.init, update)
 
 
+def bias_correction_multiplier(t: int, b1: float = 0.9, b2: float = 0.999) -> float:
+    """How much larger Adam's step t is without bias correction: (1 - b1^t) / sqrt(1 - b2^t)."""
+    return (1 - b1**t) / math.sqrt(1 - b2**t)
+
+
 OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "sgd": sgd, "momentum": momentum,
     "nesterov": lambda lr, **kw: momentum(lr, nesterov=True, **kw),

@@ -41,10 +41,7 @@ class Progress:
 
 def plot_loss_curve(result, path: Path) -> None:
     """Training loss per step, validation loss, and the exact entropy floor."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(range(1, len(result.loss_curve) + 1), result.loss_curve, lw=0.8, label="train loss")
     vs, vl = zip(*result.val_curve)
@@ -58,3 +55,35 @@ def plot_loss_curve(result, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def print_table(title: str, columns: list[str], rows: list[list], file=None) -> None:
+    """A table on the terminal (rich) or as aligned plain text (pipes, logs)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file, width=max(100, min(160, Console().width)))
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c, justify="left" if c == columns[0] else "right")
+    for row in rows:
+        table.add_row(*[_fmt(v) for v in row])
+    console.print(table)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return str(v)
+        if v == 0.0:
+            return "0.0"
+        return f"{v:.4g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.3e}"
+    return str(v)
+
+
+def pyplot():
+    """matplotlib.pyplot with the file-only Agg backend."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt

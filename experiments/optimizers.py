@@ -1,0 +1,419 @@
+"""Lecture 13 §1: optimizers from SGD to AdamW, on 2-D toys and on the garden language.
+
+    python -m experiments.optimizers [--out runs/optimizers] [--parts abcdef] [--json]
+
+a. a steep bowl and a saddle point: each optimizer's best learning rate, steps to converge
+b. our optimizers vs optax after 16 steps (0.0 expected), and a naive Adam that drifts
+c. the garden LM: every optimizer over a learning-rate grid spanning 31.6x
+d. Adam's bias correction: the step-size multiplier, and training with and without it
+e. rare words: how far their embeddings move under SGD and under Adam
+f. AdamW vs Adam + L2: effective weight decay against gradient size
+
+Every number printed is computed here; tables also go to results.json and figures to PNG
+files in --out.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from functools import cached_property
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxscale import garden, optim, sweep
+from jaxscale.report import print_table, pyplot
+from jaxscale.train import TrainConfig, init_state, loss_fn
+
+TOY_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
+# Garden-LM budget: 128 batches of 16 documents, one pass (the lecture: 128 x 32 docs x 4
+# passes, which would take ~8x longer than this module's 60 s budget on 2 cores).
+STEPS, BATCH = 128, 16
+LM_GRIDS = {  # four learning rates per optimizer, a factor sqrt(10) apart: a 31.6x span
+    "sgd": 0.1, "momentum": 0.01, "adagrad": 0.01, "rmsprop": 1e-3, "adam": 1e-3}
+
+
+def lr_grid(low: float) -> list[float]:
+    return [float(low * 10 ** (k / 2)) for k in range(4)]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Lab:
+    """The shared set-up: model, corpus, batches; memoised learning-rate sweeps."""
+
+    def __init__(self, seed: int = 0):
+        self.graphdef, self.params0, _, _ = init_state(TrainConfig(seed=seed))
+        self.corpus = garden.make_corpus(seed)
+        self.batches = sweep.stack_batches(self.corpus, STEPS, BATCH, seed=seed)
+        self.val = sweep.stack_val(self.corpus)
+        self._sweeps: dict = {}
+
+    @cached_property
+    def floor(self) -> float:
+        return self.corpus.entropy_floor
+
+    def sweep(self, name: str, lrs, record=None, **hyper) -> dict:
+        """Train `name` at each learning rate (one compile, runs side by side)."""
+        key = (name, tuple(lrs), tuple(sorted(hyper.items())), record is not None)
+        if key not in self._sweeps:
+            t0 = time.perf_counter()
+            self._sweeps[key] = sweep.run_grid(
+                self.graphdef, lambda lr: optim.make(name, lr, **hyper), list(lrs),
+                self.params0, self.batches, self.val, record)
+            log(f"    {name} {hyper or ''} at {len(lrs)} learning rates x {STEPS} steps: "
+                f"{time.perf_counter() - t0:.1f} s")
+        return self._sweeps[key]
+
+
+def finite(x) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+# ------------------------------------------------------------------------------------
+# a. 2-D problems
+# ------------------------------------------------------------------------------------
+
+PROBLEMS = {  # f, start, minimum value
+    "bowl": (lambda w: 0.5 * (w[0] ** 2 + 50 * w[1] ** 2), (1.0, 1.0), 0.0),
+    "saddle": (lambda w: w[0] ** 2 - w[1] ** 2 + w[1] ** 4 / 4, (1.0, 1e-4), -1.0),
+}
+TOY_LRS = np.geomspace(1e-3, 1.0, 13)
+TOY_STEPS, TOY_TOL = 1000, 1e-3
+
+
+def toy_trajectories(name: str, f, start) -> np.ndarray:
+    """Positions [n_lrs, TOY_STEPS + 1, 2] of `name` on f at every learning rate in TOY_LRS."""
+    def run(lr):
+        opt = optim.make(name, lr)
+        w0 = jnp.asarray(start, jnp.float32)
+
+        def step(carry, _):
+            w, s = carry
+            u, s = opt.update(jax.grad(f)(w), s, w)
+            w = optax.apply_updates(w, u)
+            return (w, s), w
+        _, ws = jax.lax.scan(step, (w0, opt.init(w0)), None, length=TOY_STEPS)
+        return jnp.concatenate([w0[None], ws])
+    return np.asarray(jax.jit(jax.vmap(run))(jnp.asarray(TOY_LRS, jnp.float32)))
+
+
+def part_a(lab: Lab, out: Path) -> dict:
+    rows, best_paths = [], {}
+    for prob, (f, start, fmin) in PROBLEMS.items():
+        for name in TOY_OPTIMIZERS:
+            paths = toy_trajectories(name, f, start)
+            gaps = np.asarray(jax.vmap(jax.vmap(f))(paths)) - fmin  # [lrs, steps + 1]
+            # converged at step t: within TOY_TOL from t to the end (a lucky pass doesn't count)
+            outside = ~(np.isfinite(gaps) & (gaps < TOY_TOL))
+            last_out = np.where(outside.any(1), TOY_STEPS - np.argmax(outside[:, ::-1], 1), 0)
+            steps = np.where(outside[:, -1], 10**9, last_out)
+            i = int(steps.argmin()) if steps.min() < 10**9 else int(np.nanargmin(
+                np.where(np.isfinite(gaps[:, -1]), gaps[:, -1], np.inf)))
+            converged = bool(steps[i] < 10**9)
+            # the saddle's question: how soon does |y| leave the ridge (y = 1e-4) for the valley?
+            escaped = np.abs(paths[i, :, 1]) > 1.0
+            rows.append({"problem": prob, "optimizer": name, "best_lr": float(TOY_LRS[i]),
+                         "steps_to_converge": int(steps[i]) if converged else None,
+                         "final_gap": finite(gaps[i, -1]),
+                         "steps_to_leave_ridge": int(escaped.argmax()) if prob == "saddle"
+                         and escaped.any() else None})
+            best_paths[(prob, name)] = paths[i]
+    print_table(f"a. steps until f - f* stays < {TOY_TOL:g} (best of {len(TOY_LRS)} learning rates "
+                f"{TOY_LRS[0]:g}..{TOY_LRS[-1]:g}, at most {TOY_STEPS} steps)",
+                ["problem", "optimizer", "best lr", "steps", "f - f* at the end",
+                 "steps until |y| > 1"],
+                [[r["problem"], r["optimizer"], r["best_lr"],
+                  r["steps_to_converge"] if r["steps_to_converge"] is not None
+                  else f"> {TOY_STEPS}", r["final_gap"],
+                  "" if r["problem"] == "bowl" else r["steps_to_leave_ridge"]] for r in rows])
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, (prob, (f, start, _)) in zip(axes, PROBLEMS.items()):
+        xs, ys = np.meshgrid(np.linspace(-1.2, 1.2, 200), np.linspace(-1.2, 1.8, 200))
+        ax.contour(xs, ys, np.asarray(f(jnp.stack([xs, ys]))), levels=30, cmap="Greys", linewidths=0.5)
+        for name in TOY_OPTIMIZERS:
+            p = best_paths[(prob, name)][:200]
+            ax.plot(p[:, 0], p[:, 1], ".-", ms=2, lw=0.8, label=name)
+        ax.set(title=f"{prob}, start {start}, best learning rate each", xlim=(-1.2, 1.2),
+               ylim=(-1.2, 1.8))
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "a_trajectories.png", dpi=110)
+    plt.close(fig)
+    return {"rows": rows, "lr_grid": TOY_LRS.tolist(), "tolerance": TOY_TOL,
+            "max_steps": TOY_STEPS}
+
+
+# ------------------------------------------------------------------------------------
+# b. bit-identity with optax, and a naive Adam
+# ------------------------------------------------------------------------------------
+
+def naive_adam(lr: float, b1=0.9, b2=0.999, eps=1e-8) -> optax.GradientTransformation:
+    """Adam as a textbook writes it: the same maths, b*m + (1-b)*g order, lr * (m / ...)."""
+    def init(p):
+        return optim.AdamState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, p),
+                               jax.tree.map(jnp.zeros_like, p))
+
+    def update(g, s, p=None):
+        t = s.count + 1
+        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, s.mu, g)
+        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, s.nu, g)
+        u = jax.tree.map(lambda m, v: -lr * ((m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + eps)),
+                         m, v)
+        return u, optim.AdamState(t, m, v)
+    return optax.GradientTransformation(init, update)
+
+
+VERIFY_STEPS = 16
+
+
+def part_b(lab: Lab, out: Path) -> dict:
+    pairs = {
+        "sgd": (optim.sgd(0.3), optax.sgd(0.3)),
+        "momentum": (optim.momentum(0.05), optax.sgd(0.05, momentum=0.9)),
+        "nesterov": (optim.momentum(0.05, nesterov=True), optax.sgd(0.05, momentum=0.9, nesterov=True)),
+        "adagrad": (optim.adagrad(0.05), optax.adagrad(0.05)),
+        "rmsprop": (optim.rmsprop(3e-3), optax.rmsprop(3e-3)),
+        "adam": (optim.adam(1e-2), optax.adam(1e-2)),
+        "adamw": (optim.adamw(1e-2, weight_decay=0.1), optax.adamw(1e-2, weight_decay=0.1)),
+        "naive adam (textbook order)": (naive_adam(1e-2), optax.adam(1e-2)),
+    }
+    grad = jax.jit(jax.grad(lambda p, b: loss_fn(lab.graphdef, p, b)))
+    batches = [jax.tree.map(lambda x: x[i], lab.batches) for i in range(VERIFY_STEPS)]
+    rows = []
+    for name, (mine, ref) in pairs.items():
+        @jax.jit  # both optimizers' updates in one small compiled call; grad is shared
+        def update(g_mine, s_mine, p_mine, g_ref, s_ref, p_ref, mine=mine, ref=ref):
+            u, s_mine = mine.update(g_mine, s_mine, p_mine)
+            v, s_ref = ref.update(g_ref, s_ref, p_ref)
+            return optax.apply_updates(p_mine, u), s_mine, optax.apply_updates(p_ref, v), s_ref
+
+        p_mine = p_ref = lab.params0
+        s_mine, s_ref = mine.init(p_mine), ref.init(p_ref)
+        diffs = []
+        for b in batches:
+            p_mine, s_mine, p_ref, s_ref = update(grad(p_mine, b), s_mine, p_mine,
+                                                  grad(p_ref, b), s_ref, p_ref)
+            diffs.append(max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                             zip(jax.tree.leaves(p_mine), jax.tree.leaves(p_ref))))
+        rows.append({"optimizer": name, "max_abs_diff_after": {t: diffs[t - 1] for t in (1, 4, 16)}})
+    print_table("b. max |ours - optax| over all parameters, after t steps (jit, real gradients)",
+                ["optimizer", "t = 1", "t = 4", "t = 16"],
+                [[r["optimizer"], *r["max_abs_diff_after"].values()] for r in rows])
+    return {"rows": rows, "steps": VERIFY_STEPS}
+
+
+# ------------------------------------------------------------------------------------
+# c. the garden LM over learning-rate grids
+# ------------------------------------------------------------------------------------
+
+def final_train_loss(losses: np.ndarray) -> np.ndarray:
+    return losses[..., -10:].mean(-1)  # mean of the last 10 steps: less batch noise
+
+
+def part_c(lab: Lab, out: Path) -> dict:
+    rows = []
+    for name, low in LM_GRIDS.items():
+        res = lab.sweep(name, lr_grid(low))
+        for lr, tr, val in zip(lr_grid(low), final_train_loss(res["losses"]), res["val_loss"]):
+            rows.append({"optimizer": name, "lr": lr, "train_loss": finite(tr),
+                         "val_loss": finite(val), "gap": finite(val - lab.floor)})
+    summary = []
+    for name in LM_GRIDS:
+        mine = [r for r in rows if r["optimizer"] == name and r["val_loss"] is not None]
+        best = min(mine, key=lambda r: r["val_loss"])
+        ok = [r["lr"] for r in mine if r["val_loss"] <= best["val_loss"] + 0.25]
+        every = [r for r in rows if r["optimizer"] == name]
+        summary.append({"optimizer": name, "best_lr": best["lr"], "best_val_loss": best["val_loss"],
+                        "gap": best["gap"], "lr_range_within_0.25_nats": max(ok) / min(ok),
+                        "worst_val_loss": None if any(r["val_loss"] is None for r in every)
+                        else max(r["val_loss"] for r in every),  # None: a run diverged
+                        "diverged": sum(r["val_loss"] is None or r["val_loss"] > 5 for r in every)})
+    print_table(f"c. garden LM, {STEPS} batches of {BATCH} documents: validation loss "
+                f"(entropy floor {lab.floor:.4f} nats/token)",
+                ["optimizer", "learning rate", "train loss (last 10)", "val loss", "gap to floor"],
+                [[r["optimizer"], r["lr"], r["train_loss"], r["val_loss"], r["gap"]] for r in rows])
+    print_table("c. best learning rate per optimizer; how wide a range of the grid stays "
+                "within 0.25 nats of that best; the worst grid point",
+                ["optimizer", "best lr", "val loss", "gap", "lr range (x) within 0.25 nats",
+                 "worst val loss", "diverged runs"],
+                [list(s.values()) for s in summary])
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in LM_GRIDS:
+        pts = [(r["lr"], r["val_loss"]) for r in rows if r["optimizer"] == name
+               and r["val_loss"] is not None]
+        ax.plot(*zip(*pts), "o-", label=name)
+    ax.axhline(lab.floor, color="k", ls="--", label=f"entropy floor {lab.floor:.3f}")
+    ax.set(xscale="log", yscale="log", xlabel="learning rate", ylabel="validation loss (nats/token)",
+           title=f"garden LM after {STEPS} steps of {BATCH} documents")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "c_loss_vs_lr.png", dpi=110)
+    plt.close(fig)
+    return {"rows": rows, "summary": summary, "entropy_floor": lab.floor,
+            "steps": STEPS, "batch_documents": BATCH}
+
+
+# ------------------------------------------------------------------------------------
+# d. bias correction
+# ------------------------------------------------------------------------------------
+
+def part_d(lab: Lab, out: Path) -> dict:
+    ts = (1, 2, 5, 10, 100, 1000)
+    mult = {b2: [optim.bias_correction_multiplier(t, 0.9, b2) for t in ts] for b2 in (0.999, 0.95)}
+    print_table("d. step-size multiplier without bias correction, (1 - b1^t) / sqrt(1 - b2^t), "
+                "b1 = 0.9", ["b2", *[f"t = {t}" for t in ts]],
+                [[b2, *[float(m) for m in ms]] for b2, ms in mult.items()])
+    grid = lr_grid(LM_GRIDS["adam"])
+    picks = {"small": 0, "normal": 2, "large": 3}  # indices into part c's Adam grid
+    with_bc = lab.sweep("adam", grid)  # part c's runs, if it ran
+    without = lab.sweep("adam", [grid[i] for i in picks.values()], bias_correction=False)
+    rows = [{"lr_label": k, "lr": grid[i],
+             "train_loss_with": finite(final_train_loss(with_bc["losses"][i])),
+             "train_loss_without": finite(final_train_loss(without["losses"][j])),
+             "val_with": finite(with_bc["val_loss"][i]), "val_without": finite(without["val_loss"][j])}
+            for j, (k, i) in enumerate(picks.items())]
+    print_table(f"d. one pass ({STEPS} steps), Adam with and without bias correction",
+                ["learning rate", "", "train loss with", "train loss without", "val with",
+                 "val without"], [list(r.values()) for r in rows])
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
+    for j, (ax, (k, i)) in enumerate(zip(axes, picks.items())):
+        ax.plot(with_bc["losses"][i], label="with correction")
+        ax.plot(without["losses"][j], label="without")
+        ax.set(title=f"{k} lr = {grid[i]:.3g}", xlabel="step", yscale="log")
+    axes[0].set_ylabel("training loss")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "d_bias_correction.png", dpi=110)
+    plt.close(fig)
+    return {"multiplier": {str(b2): dict(zip(map(str, ts), map(float, m))) for b2, m in mult.items()},
+            "rows": rows}
+
+
+# ------------------------------------------------------------------------------------
+# e. rare words
+# ------------------------------------------------------------------------------------
+
+def part_e(lab: Lab, out: Path) -> dict:
+    docs = lab.corpus.train
+    doc_freq = np.array([np.mean([i in d for d in docs]) for i in range(len(garden.VOCAB))])
+    rare = [garden.WORD_ID[w] for w in garden.RARE_WORDS]
+    frequent = [i for i in np.flatnonzero(doc_freq > 0.2) if i > garden.EOS_ID]
+    seen = lab.batches["targets"]
+    e0 = np.asarray(lab.params0["tok_embed"])
+    rows = []
+    for name in ("sgd", "adam"):
+        grid = lr_grid(LM_GRIDS[name])
+        res = lab.sweep(name, grid)
+        i = int(np.nanargmin(res["val_loss"]))
+        moved = np.linalg.norm(res["params"]["tok_embed"][i] - e0, axis=-1)
+        rows.append({"optimizer": name, "lr": grid[i], "rare_moved": float(moved[rare].mean()),
+                     "frequent_moved": float(moved[frequent].mean()),
+                     "ratio_rare_to_frequent": float(moved[rare].mean() / moved[frequent].mean())})
+    print_table(f"e. mean distance an embedding row moved from its initial value in one pass "
+                f"(best lr); rare: {', '.join(garden.RARE_WORDS)} (seen "
+                f"{int(np.isin(seen, rare).sum())} times as targets), frequent: {len(frequent)} "
+                "words in > 20% of documents", ["optimizer", "lr", "rare", "frequent",
+                                                "rare / frequent"], [list(r.values()) for r in rows])
+    return {"rows": rows, "rare_words": list(garden.RARE_WORDS),
+            "frequent_words": [garden.VOCAB[i] for i in frequent],
+            "rare_target_occurrences": int(np.isin(seen, rare).sum())}
+
+
+# ------------------------------------------------------------------------------------
+# f. AdamW vs Adam + L2
+# ------------------------------------------------------------------------------------
+
+def part_f(lab: Lab, out: Path, lr: float = 1e-2, lam: float = 0.01) -> dict:
+    record = lambda p, s: {"nu": s.nu, "count": s.count}  # noqa: E731  (Adam's state)
+    runs = {"adamw": lab.sweep("adamw", [lr], record, weight_decay=lam),
+            "adam_l2": lab.sweep("adam_l2", [lr], record, l2=lam)}
+    rows, curves = [], {}
+    for name, res in runs.items():
+        count = res["record"]["count"][0]
+        nu = np.concatenate([np.ravel(x[0]) for x in jax.tree.leaves(res["record"]["nu"])])
+        grad_rms = np.sqrt(nu / (1 - 0.999**count))  # sqrt(v_hat): typical gradient size
+        grad_rms = grad_rms[grad_rms > 1e-9]  # leave out parameters that never get a gradient
+        decay = np.full_like(grad_rms, lr * lam) if name == "adamw" else lr * lam / (grad_rms + 1e-8)
+        curves[name] = (grad_rms, decay)
+        params = [x[0] for x in jax.tree.leaves(res["params"])]
+        rows.append({"optimizer": name, "val_loss": finite(res["val_loss"][0]),
+                     "weight_norm": float(np.sqrt(sum((p.astype(np.float64) ** 2).sum() for p in params))),
+                     "decay_per_step_p10": float(np.percentile(decay, 10)),
+                     "decay_per_step_p90": float(np.percentile(decay, 90)),
+                     "decay_spread_p90_over_p10": float(np.percentile(decay, 90) / np.percentile(decay, 10))})
+    init_norm = float(np.sqrt(sum((np.asarray(p, np.float64) ** 2).sum()
+                                  for p in jax.tree.leaves(lab.params0))))
+    print_table(f"f. AdamW vs Adam + L2 (lr {lr:g}, lambda {lam:g}, {STEPS} steps): fraction of "
+                "a weight the decay term removes per step, lr*lambda for AdamW and "
+                "lr*lambda/(sqrt(v_hat)+eps) for L2 (percentiles over parameters with a gradient); "
+                f"initial weight norm {init_norm:.3f}",
+                ["optimizer", "val loss", "weight norm", "decay p10", "decay p90", "p90 / p10"],
+                [list(r.values()) for r in rows])
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name, (g, d) in curves.items():
+        keep = np.random.default_rng(0).choice(g.size, size=min(4000, g.size), replace=False)
+        ax.scatter(g[keep], d[keep], s=2, alpha=0.4, label=name)
+    ax.set(xscale="log", yscale="log", xlabel="gradient size sqrt(v_hat)",
+           ylabel="effective weight decay per step", title="AdamW decays every parameter alike")
+    ax.legend(markerscale=5)
+    fig.tight_layout()
+    fig.savefig(out / "f_decay_vs_gradient.png", dpi=110)
+    plt.close(fig)
+    return {"rows": rows, "lr": lr, "lambda": lam, "initial_weight_norm": init_norm}
+
+
+PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f}
+TITLES = {"a": "2-D bowl and saddle", "b": "bit-identity with optax",
+          "c": "garden LM learning-rate sweep", "d": "bias correction", "e": "rare words",
+          "f": "AdamW vs Adam + L2"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.optimizers",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="runs/optimizers", help="folder for PNGs and results.json")
+    ap.add_argument("--parts", default="abcdef", help="which parts to run, e.g. 'ac' (default all)")
+    ap.add_argument("--json", action="store_true", help="print all results as one JSON object")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    bad = sorted(set(args.parts) - set(PARTS))
+    if bad or not args.parts:
+        ap.error(f"unknown part(s) {''.join(bad) or repr(args.parts)}; choose from {''.join(PARTS)}")
+    from jaxscale.cli import enable_compilation_cache
+    enable_compilation_cache()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    lab = Lab(args.seed)
+    results, timings = {}, {}
+    # with --json, stdout carries only the JSON object: the tables go to stderr
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        for key in sorted(set(args.parts)):
+            t = time.perf_counter()
+            log(f"[{key}] {TITLES[key]}...")
+            results[key] = PARTS[key](lab, out)
+            timings[key] = time.perf_counter() - t
+    results["timings_s"] = {**timings, "total": time.perf_counter() - t0}
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    log(f"done in {results['timings_s']['total']:.1f} s; figures and results.json in {out}/")
+    if args.json:
+        print(json.dumps(results, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
