@@ -21,7 +21,6 @@ RESERVED = {
     "micro_batches": ("micro-batches", None, 1),
     "schedule": ("pipeline schedule", ["gpipe", "1f1b", "interleaved"], "1f1b"),
     "remat": ("remat policy", ["none", "full", "matmuls"], "none"),
-    "precision": ("precision policy", ["fp32", "bf16", "fp16", "bf16-pure"], "fp32"),
 }
 
 
@@ -60,6 +59,7 @@ def _number(kind=int, minimum=1, exclusive=False):
 
 def build_parser() -> argparse.ArgumentParser:
     from jaxscale.model import PRESETS
+    from jaxscale.precision import POLICIES, POLICY_HELP
     from jaxscale.train import LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
     d = TrainConfig()
@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pipeline schedule gpipe, 1f1b or interleaved (reserved)")
     t.add_argument("--remat", default="none", metavar="POLICY",
                    help="activation recomputation none, full or matmuls (reserved: none)")
-    t.add_argument("--precision", default="fp32", metavar="POLICY",
-                   help="fp32, bf16, fp16 or bf16-pure (reserved: fp32)")
+    t.add_argument("--precision", default=d.precision, choices=list(POLICIES), metavar="POLICY",
+                   help="number formats: " + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items()))
     t.set_defaults(run=_cmd_train)
     return p
 
@@ -165,7 +165,7 @@ def _cmd_train(args) -> int:
     cfg = TrainConfig(model=args.model, steps=args.steps, optimizer=args.optimizer, lr=args.lr,
                       lr_schedule=args.lr_schedule, warmup=args.warmup,
                       batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
-                      stop_gap=args.stop_gap)
+                      stop_gap=args.stop_gap, precision=args.precision)
     cfg.validate()
     _check_reserved(args)
     _setup_devices(args)
@@ -189,6 +189,8 @@ def _print_summary(r, out: str) -> None:
     table = Table(title=f"jaxscale train: {r.config['model']}", show_header=False)
     rows = [
         ("parameters", f"{r.param_count:,}"),
+        ("precision", f"{r.config['precision']} (loss scale at the end {r.loss_scale:g}, "
+                      f"{r.skipped_steps} skipped steps)"),
         ("steps", f"{r.steps_run:,} ({r.tokens_seen:,} target tokens)"),
         ("final training loss", f"{r.loss_curve[-1]:.4f} nats/token"),
         ("validation loss", f"{r.val_loss:.4f} nats/token"),

@@ -168,9 +168,13 @@ class Transformer(nnx.Module):
 # --------------------------------------------------------------------------------------
 
 def layer_norm(x, scale, bias, eps: float = 1e-5):
-    mean = x.mean(-1, keepdims=True)
-    var = jnp.square(x - mean).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+    """LayerNorm, computed in float32 whatever x's dtype (mixed precision keeps norms in
+    fp32: in float16 the backward of rsqrt(var) overflows once var < ~6e-4)."""
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+    return y.astype(x.dtype)
 
 
 def attention(p, x):
@@ -181,8 +185,9 @@ def attention(p, x):
     scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(q.shape[-1])
     t = x.shape[1]
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    scores = scores.astype(jnp.float32)  # softmax in fp32, as mixed precision does
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
-    weights = jax.nn.softmax(scores, axis=-1)
+    weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum("bhqs,bshk->bqhk", weights, v)
     return jnp.einsum("bthk,hkd->btd", out, p["wo"]) + p["bo"]
 

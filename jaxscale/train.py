@@ -1,9 +1,8 @@
-"""Single-device training: the loss, a jitted train step for any optax transformation, the loop.
+"""Single-device training: a jitted train step for any optax transformation, and the loop.
 
-The loss is the sum of token NLLs divided by the number of target tokens in the GLOBAL
-batch. Averaging per-sequence (or per-shard) means instead would weight a 10-token
-document like a 50-token one; data parallelism and gradient accumulation reuse
-`nll_and_count` so that they divide by the same global count.
+`make_train_step` is the plain fp32 step, the reference everything else is checked
+against. The loop runs `precision.make_step`, which applies a precision policy (for
+"fp32" it is bit-identical to the plain step). The loss lives in `jaxscale.loss`.
 """
 from __future__ import annotations
 
@@ -19,7 +18,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxscale import garden, model as modellib, optim
+from jaxscale import garden, model as modellib, optim, precision
+from jaxscale.loss import loss_fn, nll_and_count  # noqa: F401  (re-exported)
 from jaxscale.report import Progress, plot_loss_curve
 
 
@@ -44,6 +44,7 @@ class TrainConfig:
     batch_size: int = 32
     seed: int = 0
     eval_every: int = 100
+    precision: str = "fp32"  # a policy of jaxscale.precision: fp32, bf16, fp16, bf16-pure
     stop_gap: float | None = None  # stop once val loss - floor <= stop_gap (nats)
     n_train_docs: int = 8192
     n_val_docs: int = 512
@@ -65,6 +66,8 @@ class TrainConfig:
             (self.n_train_docs >= self.batch_size,
              f"n_train_docs={self.n_train_docs} is smaller than one batch ({self.batch_size})"),
             (self.n_val_docs >= 1, f"n_val_docs must be >= 1, got {self.n_val_docs}"),
+            (self.precision in precision.POLICIES, f"unknown precision policy "
+             f"{self.precision!r}; choose from {', '.join(precision.POLICIES)}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -99,20 +102,6 @@ def make_optimizer(name: str, learning_rate) -> optax.GradientTransformation:
 # --------------------------------------------------------------------------------------
 # Loss and step
 # --------------------------------------------------------------------------------------
-
-def nll_and_count(graphdef, params, batch) -> tuple[jax.Array, jax.Array]:
-    """(sum of target-token NLLs, number of target tokens) over a batch; padding excluded."""
-    logits = nnx.merge(graphdef, params)(batch["tokens"]).astype(jnp.float32)
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
-    mask = batch["mask"]
-    return jnp.sum(nll * mask), jnp.sum(mask)
-
-
-def loss_fn(graphdef, params, batch) -> jax.Array:
-    """Mean NLL per target token of the whole batch (sum / count, not a mean of means)."""
-    total, count = nll_and_count(graphdef, params, batch)
-    return total / count
-
 
 def make_train_step(graphdef, optimizer: optax.GradientTransformation):
     """A jitted step(params, opt_state, batch) -> (params, opt_state, metrics)."""
@@ -168,6 +157,8 @@ class TrainResult:
     compile_s: float  # wall time of the first step, dominated by compilation
     train_s: float
     tokens_per_s: float
+    loss_scale: float  # at the end (1.0 without loss scaling)
+    skipped_steps: int  # updates skipped for non-finite gradients (dynamic loss scaling)
     reached_gap_at_s: float | None  # wall seconds from start of training to val gap <= stop_gap
 
     @property
@@ -200,8 +191,10 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     corpus = garden.make_corpus(cfg.seed, cfg.n_train_docs, cfg.n_val_docs, mcfg.seq_len)
     floor = corpus.entropy_floor
     val_batches = corpus.val_batches(cfg.batch_size * 4)
-    graphdef, params, optimizer, opt_state = init_state(cfg)
-    step_fn, eval_fn = make_train_step(graphdef, optimizer), make_eval_step(graphdef)
+    graphdef, params, optimizer, _ = init_state(cfg)
+    policy = precision.policy(cfg.precision)
+    state = precision.init_state(params, optimizer, policy)
+    step_fn, eval_fn = precision.make_step(graphdef, optimizer, policy), make_eval_step(graphdef)
     out = Path(out_dir) if out_dir is not None else None
     jsonl = None
     if out is not None:
@@ -219,7 +212,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
         for step in range(1, cfg.steps + 1):
             b = next(batches)
             t0 = time.perf_counter()
-            params, opt_state, m = step_fn(params, opt_state, as_arrays(b))
+            state, m = step_fn(state, as_arrays(b))
             m = jax.device_get(m)  # waits for the step; one transfer for all metrics
             loss, gnorm = float(m["loss"]), float(m["grad_norm"])
             if step == 1:
@@ -233,10 +226,11 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
                     "its recent median (possible loss spike)")
             norm_median = float(np.median(norms[-50:]))
             record = {"step": step, "loss": loss, "grad_norm": gnorm, "n_tokens": b.n_tokens,
-                      "lr": float(schedule(step - 1)),
+                      "lr": float(schedule(step - 1)), "loss_scale": float(m["loss_scale"]),
+                      "skipped": int(m["skipped"]),
                       "time_s": time.perf_counter() - t_start}
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                val = evaluate(eval_fn, params, val_batches)
+                val = evaluate(eval_fn, state.params, val_batches)
                 val_curve.append((step, val))
                 record.update(val_loss=val, entropy_floor=floor, gap=val - floor)
                 if cfg.stop_gap is not None and val - floor <= cfg.stop_gap and reached_at is None:
@@ -255,12 +249,14 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             jsonl.close()
     train_s = time.perf_counter() - t_start
     if not val_curve or val_curve[-1][0] != len(losses):
-        val_curve.append((len(losses), evaluate(eval_fn, params, val_batches)))
+        val_curve.append((len(losses), evaluate(eval_fn, state.params, val_batches)))
     result = TrainResult(
         config=asdict(cfg), param_count=modellib.param_count(mcfg), entropy_floor=floor,
         loss_curve=losses, grad_norms=norms, val_curve=val_curve, val_loss=val_curve[-1][1],
         steps_run=len(losses), tokens_seen=tokens, compile_s=compile_s, train_s=train_s,
-        tokens_per_s=tokens / max(train_s - compile_s, 1e-9), reached_gap_at_s=reached_at)
+        tokens_per_s=tokens / max(train_s - compile_s, 1e-9),
+        loss_scale=float(state.loss_scale), skipped_steps=int(state.skipped),
+        reached_gap_at_s=reached_at)
     if out is not None:
         plot_loss_curve(result, out / "loss_curve.png")
         (out / "result.json").write_text(json.dumps(result.to_json(), indent=1))

@@ -32,7 +32,7 @@ def _fail(capsys, argv):
     (["train", "--zero", "5"], ["--zero", "5", "0, 1, 2, 3"]),
     (["train", "--zero", "2"], ["--zero 2", "not available yet"]),
     (["train", "--schedule", "zigzag"], ["'zigzag'", "gpipe, 1f1b, interleaved"]),
-    (["train", "--precision", "fp64"], ["'fp64'", "bf16"]),
+    (["train", "--precision", "fp64"], ["'fp64'", "bf16", "fp16", "bf16-pure"]),
     (["train", "--model", "7b"], ["7b", "only built abstractly"]),
     (["fly"], ["'fly'", "train"]),
 ])

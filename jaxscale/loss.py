@@ -1,0 +1,26 @@
+"""The language-model loss: token NLL summed over the batch, divided by the token count.
+
+Never a mean of per-sequence (or per-shard, or per-micro-batch) means: that would weight a
+10-token document like a 50-token one. Data parallelism and gradient accumulation reuse
+`nll_and_count` and divide by the global count.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+def nll_and_count(graphdef, params, batch) -> tuple[jax.Array, jax.Array]:
+    """(sum of target-token NLLs, number of target tokens) over a batch; padding excluded."""
+    logits = nnx.merge(graphdef, params)(batch["tokens"]).astype(jnp.float32)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    mask = batch["mask"]
+    return jnp.sum(nll * mask), jnp.sum(mask)
+
+
+def loss_fn(graphdef, params, batch) -> jax.Array:
+    """Mean NLL per target token of the whole batch (sum / count, not a mean of means)."""
+    total, count = nll_and_count(graphdef, params, batch)
+    return total / count
