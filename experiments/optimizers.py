@@ -14,9 +14,6 @@ files in --out.
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import sys
 import time
 from functools import cached_property
@@ -27,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments._runner import log, run_experiment
 from jaxscale import garden, optim, sweep
 from jaxscale.report import print_table, pyplot
 from jaxscale.train import TrainConfig, init_state, loss_fn
@@ -41,10 +39,6 @@ LM_GRIDS = {  # four learning rates per optimizer, a factor sqrt(10) apart: a 31
 
 def lr_grid(low: float) -> list[float]:
     return [float(low * 10 ** (k / 2)) for k in range(4)]
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class Lab:
@@ -383,36 +377,7 @@ TITLES = {"a": "2-D bowl and saddle", "b": "bit-identity with optax",
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.optimizers",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="runs/optimizers", help="folder for PNGs and results.json")
-    ap.add_argument("--parts", default="abcdef", help="which parts to run, e.g. 'ac' (default all)")
-    ap.add_argument("--json", action="store_true", help="print all results as one JSON object")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    bad = sorted(set(args.parts) - set(PARTS))
-    if bad or not args.parts:
-        ap.error(f"unknown part(s) {''.join(bad) or repr(args.parts)}; choose from {''.join(PARTS)}")
-    from jaxscale.cli import enable_compilation_cache
-    enable_compilation_cache()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    lab = Lab(args.seed)
-    results, timings = {}, {}
-    # with --json, stdout carries only the JSON object: the tables go to stderr
-    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        for key in sorted(set(args.parts)):
-            t = time.perf_counter()
-            log(f"[{key}] {TITLES[key]}...")
-            results[key] = PARTS[key](lab, out)
-            timings[key] = time.perf_counter() - t
-    results["timings_s"] = {**timings, "total": time.perf_counter() - t0}
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    log(f"done in {results['timings_s']['total']:.1f} s; figures and results.json in {out}/")
-    if args.json:
-        print(json.dumps(results, default=str))
-    return 0
+    return run_experiment("optimizers", __doc__, PARTS, TITLES, Lab, argv)
 
 
 if __name__ == "__main__":
