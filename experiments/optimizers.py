@@ -26,7 +26,7 @@ import optax
 
 from experiments._runner import log, run_experiment
 from jaxscale import garden, optim, sweep
-from jaxscale.report import print_table, pyplot
+from jaxscale.report import print_table, pyplot, save_figure
 from jaxscale.train import TrainConfig, init_state, loss_fn
 
 TOY_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
@@ -141,9 +141,7 @@ def part_a(lab: Lab, out: Path) -> dict:
         ax.set(title=f"{prob}, start {start}, best learning rate each", xlim=(-1.2, 1.2),
                ylim=(-1.2, 1.8))
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "a_trajectories.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "a_trajectories.png")
     return {"rows": rows, "lr_grid": TOY_LRS.tolist(), "tolerance": TOY_TOL,
             "max_steps": TOY_STEPS}
 
@@ -252,9 +250,7 @@ def part_c(lab: Lab, out: Path) -> dict:
     ax.set(xscale="log", yscale="log", xlabel="learning rate", ylabel="validation loss (nats/token)",
            title=f"garden LM after {STEPS} steps of {BATCH} documents")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "c_loss_vs_lr.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "c_loss_vs_lr.png")
     return {"rows": rows, "summary": summary, "entropy_floor": lab.floor,
             "steps": STEPS, "batch_documents": BATCH}
 
@@ -289,9 +285,7 @@ def part_d(lab: Lab, out: Path) -> dict:
         ax.set(title=f"{k} lr = {grid[i]:.3g}", xlabel="step", yscale="log")
     axes[0].set_ylabel("training loss")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out / "d_bias_correction.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "d_bias_correction.png")
     return {"multiplier": {str(b2): dict(zip(map(str, ts), map(float, m))) for b2, m in mult.items()},
             "rows": rows}
 
@@ -364,9 +358,7 @@ def part_f(lab: Lab, out: Path, lr: float = 1e-2, lam: float = 0.01) -> dict:
     ax.set(xscale="log", yscale="log", xlabel="gradient size sqrt(v_hat)",
            ylabel="effective weight decay per step", title="AdamW decays every parameter alike")
     ax.legend(markerscale=5)
-    fig.tight_layout()
-    fig.savefig(out / "f_decay_vs_gradient.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "f_decay_vs_gradient.png")
     return {"rows": rows, "lr": lr, "lambda": lam, "initial_weight_norm": init_norm}
 
 

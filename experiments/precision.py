@@ -27,7 +27,7 @@ from flax import nnx
 from experiments._runner import log, run_experiment
 from jaxscale import garden, model as M, optim, precision as P, sweep
 from jaxscale.loss import loss_fn
-from jaxscale.report import print_table, pyplot
+from jaxscale.report import print_table, pyplot, save_figure
 from jaxscale.train import TrainConfig, init_state
 
 BATCH = 8  # documents per step: small, to fit the 60 s budget with 4 policies x 400 steps
@@ -194,9 +194,7 @@ def part_c(lab: Lab, out: Path, steps: int = 400, lr: float = 3e-3) -> dict:
         ax.set(title=f"gradients: {size}", xlabel="step", yscale="log")
     axes[0].set_ylabel("training loss")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out / "c_training_curves.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "c_training_curves.png")
     return {"rows": rows, "steps": steps, "lr": lr}
 
 

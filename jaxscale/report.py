@@ -52,9 +52,7 @@ def plot_loss_curve(result, path: Path) -> None:
            title=f"{result.config['model']} ({result.param_count:,} params), "
                  f"{result.config['optimizer']} lr={result.config['lr']:g}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def print_table(title: str, columns: list[str], rows: list[list], file=None) -> None:
@@ -87,3 +85,10 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """Lay out, write as PNG and close (figures hold memory until closed)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
