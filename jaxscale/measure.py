@@ -1,0 +1,67 @@
+"""Measure what XLA will do: collectives in the HLO, and per-device memory of a compiled step.
+
+Collectives are read from the lowered, un-optimised HLO (`lowered.as_text(dialect="hlo")`):
+there every psum / ppermute / all_gather of the program is still one op with its own
+shape. (The optimised CPU HLO merges a step's psums into one tuple all-reduce, which hides
+the per-tensor structure.) Bytes of an op = the bytes of its result on one device.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute",
+                  "all-to-all")
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+               "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
+               "f8e4m3fn": 1, "f8e5m2": 1}
+_LINE = re.compile(r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVE_OPS)
+                   + r")(?:-start)?\(")
+_SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*[a-z0-9]*)\[(?P<dims>[\d,]*)\]")
+_PAIRS = re.compile(r"source_target_pairs=\{(?P<pairs>[\d,{}]*)\}")
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, dims) of each result
+    nbytes: int  # result bytes on one device
+    pairs: tuple[tuple[int, int], ...] = ()  # collective-permute: (source, target)
+
+
+def collectives(hlo_text: str) -> list[Collective]:
+    """Every collective op in an HLO module's text, in program order."""
+    found = []
+    for line in hlo_text.splitlines():
+        m = _LINE.search(line)
+        if not m:
+            continue
+        shapes = tuple((s["dtype"], tuple(int(d) for d in s["dims"].split(",") if d))
+                       for s in _SHAPE.finditer(m["type"]))
+        nbytes = sum(DTYPE_BYTES[dt] * int(np.prod(dims, dtype=np.int64)) for dt, dims in shapes)
+        pairs = ()
+        if (p := _PAIRS.search(line)) is not None:
+            pairs = tuple(tuple(int(v) for v in pair.split(","))
+                          for pair in re.findall(r"\{(\d+,\d+)\}", p["pairs"]))
+        found.append(Collective(m["op"], shapes, nbytes, pairs))
+    return found
+
+
+def bytes_by_op(hlo_text: str) -> dict[str, dict[str, int]]:
+    """{op: {"count": n, "bytes": total result bytes per device}} over the program."""
+    out: dict[str, dict[str, int]] = {}
+    for c in collectives(hlo_text):
+        entry = out.setdefault(c.op, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += c.nbytes
+    return out
+
+
+def memory(compiled) -> dict[str, int]:
+    """Per-device bytes of a compiled program, from XLA's memory analysis."""
+    m = compiled.memory_analysis()
+    return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
+            "temporaries": m.temp_size_in_bytes, "aliased": m.alias_size_in_bytes,
+            "peak": getattr(m, "peak_memory_in_bytes", 0)}
