@@ -18,7 +18,6 @@ EXIT_USAGE = 2
 # parsed and range-checked now; a value other than the single-device default is refused.
 RESERVED = {
     "zero": ("ZeRO stage", [0, 1, 2, 3], 0),
-    "micro_batches": ("micro-batches", None, 1),
     "schedule": ("pipeline schedule", ["gpipe", "1f1b", "interleaved"], "1f1b"),
     "remat": ("remat policy", ["none", "full", "matmuls"], "none"),
 }
@@ -108,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the device count)")
     t.add_argument("--zero", type=int, default=0, metavar="STAGE",
                    help="ZeRO stage 0-3 (reserved: only 0 for now)")
-    t.add_argument("--micro-batches", type=_number(), default=1,
-                   metavar="M", help="micro-batches per step (reserved: only 1 for now)")
+    t.add_argument("--micro-batches", type=_number(), default=1, metavar="M",
+                   help="gradient accumulation: split each batch into M micro-batches, reduce "
+                        "gradients once per step (default 1)")
     t.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help="pipeline schedule gpipe, 1f1b or interleaved (reserved)")
     t.add_argument("--remat", default="none", metavar="POLICY",
@@ -139,12 +139,7 @@ def _setup_devices(args):
     if args.devices is not None:
         devices.force_cpu_devices(args.devices)
     if args.mesh is not None:
-        shape = devices.parse_mesh_spec(args.mesh)
-        mesh = devices.make_mesh(shape)
-        if shape.size > 1:
-            raise UsageError(f"--mesh {args.mesh} spans {shape.size} devices, but this version "
-                             "trains on one device; use a mesh whose sizes are all 1")
-        return mesh
+        return devices.make_mesh(devices.parse_mesh_spec(args.mesh))  # sizes must match devices
     return None
 
 
@@ -165,7 +160,8 @@ def _cmd_train(args) -> int:
     cfg = TrainConfig(model=args.model, steps=args.steps, optimizer=args.optimizer, lr=args.lr,
                       lr_schedule=args.lr_schedule, warmup=args.warmup,
                       batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
-                      stop_gap=args.stop_gap, precision=args.precision)
+                      stop_gap=args.stop_gap, precision=args.precision,
+                      mesh=args.mesh or "dp=1", micro_batches=args.micro_batches)
     cfg.validate()
     _check_reserved(args)
     _setup_devices(args)

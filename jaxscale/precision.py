@@ -163,23 +163,34 @@ def init_state(params32, optimizer: optax.GradientTransformation, pol: Policy) -
                       jnp.float32(scale), jnp.int32(0), jnp.int32(0))
 
 
+def local_value_and_grad(graphdef):
+    """grad_fn for one device: (loss, gradients of loss x multiplier); multiplier None = 1."""
+    def grad_fn(params, batch, multiplier):
+        def scaled(p):
+            loss = loss_fn(graphdef, p, batch)
+            # no multiply at all when nothing is scaled: fp32 stays bit-identical to the plain step
+            return (loss if multiplier is None else loss * multiplier), loss
+        (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(params)
+        return loss, grads
+    return grad_fn
+
+
 def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
-              batch_factor: float | jax.Array = 1.0):
-    """A jitted step(state, batch) -> (state, metrics) applying `pol`.
+              batch_factor: float | jax.Array = 1.0, grad_fn=None, jit: bool = True):
+    """A step(state, batch) -> (state, metrics) applying `pol` (jitted unless jit=False).
 
     batch_factor > 1 divides the loss before the backward pass and multiplies the fp32
     gradients back afterwards: the low-precision backward pass then carries gradients as
     small as a batch that many times larger would give, while the update stays the same.
+    `grad_fn(params, batch, multiplier) -> (loss, grads)` computes the gradients (default:
+    on one device; the data-parallel step passes one that reduces them over the mesh).
     """
     plain = pol.loss_scale == "none" and isinstance(batch_factor, (int, float)) and batch_factor == 1
+    grad_fn = local_value_and_grad(graphdef) if grad_fn is None else grad_fn
 
     def step(state: TrainState, batch):
-        def scaled(p):
-            loss = loss_fn(graphdef, p, batch)
-            # no multiply at all when nothing is scaled: fp32 stays bit-identical to the plain step
-            return (loss if plain else loss * (state.loss_scale / batch_factor)), loss
-
-        (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(state.params)
+        loss, grads = grad_fn(state.params, batch,
+                              None if plain else state.loss_scale / batch_factor)
         unscale = batch_factor / state.loss_scale
         grads32 = jax.tree.map(lambda g: g.astype(jnp.float32) * (1 if plain else unscale), grads)
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads32)]))
@@ -211,7 +222,7 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
                    "swallowed": swallowed}
         return new_state, metrics
 
-    return jax.jit(step)
+    return jax.jit(step) if jit else step
 
 
 def state_bytes_per_param(state: TrainState, grads, n_params: int) -> dict[str, float]:

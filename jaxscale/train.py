@@ -45,9 +45,17 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 100
     precision: str = "fp32"  # a policy of jaxscale.precision: fp32, bf16, fp16, bf16-pure
+    mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
+    micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
     stop_gap: float | None = None  # stop once val loss - floor <= stop_gap (nats)
     n_train_docs: int = 8192
     n_val_docs: int = 512
+
+    def plan(self):
+        """The parallel Plan of this run (validated against the batch size)."""
+        from jaxscale.parallel.plan import Plan
+        return Plan.from_mesh(self.mesh, micro_batches=self.micro_batches,
+                              precision=self.precision).validate(global_batch=self.batch_size)
 
     def validate(self) -> None:
         modellib.preset(self.model)
@@ -72,6 +80,7 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise TrainConfigError(msg)
+        self.plan()
         if self.model not in ("tiny", "small"):
             raise TrainConfigError(
                 f"model {self.model!r} is sized for GPU/TPU and is only built abstractly here; "
@@ -192,9 +201,9 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     floor = corpus.entropy_floor
     val_batches = corpus.val_batches(cfg.batch_size * 4)
     graphdef, params, optimizer, _ = init_state(cfg)
-    policy = precision.policy(cfg.precision)
-    state = precision.init_state(params, optimizer, policy)
-    step_fn, eval_fn = precision.make_step(graphdef, optimizer, policy), make_eval_step(graphdef)
+    from jaxscale.parallel.plan import build_train_step
+    init_fn, step_fn = build_train_step(mcfg, cfg.plan(), optimizer)
+    state, eval_fn = init_fn(params), make_eval_step(graphdef)
     out = Path(out_dir) if out_dir is not None else None
     jsonl = None
     if out is not None:

@@ -1,0 +1,108 @@
+"""The Plan: a parallel training strategy as data, and the one function that builds its step.
+
+    Plan()                                the single-device reference
+    Plan(dp=8)                            data parallel over 8 devices
+    Plan(dp=8, micro_batches=4)           ... accumulating 4 micro-batches per step
+
+Every field is validated before anything compiles. `build_train_step(model_cfg, plan,
+optimizer)` returns (init, step); the training loop never branches on the strategy. Tensor
+and pipeline parallelism, ZeRO and recomputation are fields of the same Plan; the parts of
+jaxscale that implement them plug in here (until then a clear error says which field is not
+available yet).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import optax
+from flax import nnx
+
+from jaxscale import devices as devlib, model as modellib, precision
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+REMAT_POLICIES = ("none", "full", "matmuls")
+
+
+class PlanError(ValueError):
+    """A Plan field is out of range or does not fit the batch or the devices."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one training step is spread over devices."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero_stage: int = 0
+    micro_batches: int = 1
+    schedule: str = "1f1b"
+    remat: str = "none"
+    precision: str = "fp32"
+
+    @property
+    def n_devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def mesh_shape(self) -> devlib.MeshShape:
+        return devlib.MeshShape(dp=self.dp, pp=self.pp, tp=self.tp)
+
+    @classmethod
+    def from_mesh(cls, spec: str, **fields) -> "Plan":
+        """A Plan whose axis sizes come from a mesh spec such as "dp=8"."""
+        shape = devlib.parse_mesh_spec(spec)
+        return cls(dp=shape.dp, tp=shape.tp, pp=shape.pp, **fields)
+
+    def validate(self, global_batch: int | None = None, n_devices: int | None = None) -> "Plan":
+        """Raise PlanError naming the bad value and what would fit; return self if fine."""
+        for name in ("dp", "tp", "pp", "micro_batches"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PlanError(f"{name} must be a positive integer, got {v!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise PlanError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"unknown pipeline schedule {self.schedule!r}; choose from "
+                            f"{', '.join(SCHEDULES)}")
+        if self.remat not in REMAT_POLICIES:
+            raise PlanError(f"unknown remat policy {self.remat!r}; choose from "
+                            f"{', '.join(REMAT_POLICIES)}")
+        if self.precision not in precision.POLICIES:
+            raise PlanError(f"unknown precision policy {self.precision!r}; choose from "
+                            f"{', '.join(precision.POLICIES)}")
+        if n_devices is not None and self.n_devices != n_devices:
+            raise PlanError(f"the plan's mesh {self.mesh_shape} needs {self.n_devices} devices "
+                            f"but {n_devices} are available")
+        if global_batch is not None and global_batch % (self.dp * self.micro_batches):
+            raise PlanError(
+                f"global batch of {global_batch} documents is not divisible by dp x micro_batches "
+                f"= {self.dp} x {self.micro_batches}; use a batch that is a multiple of "
+                f"{self.dp * self.micro_batches}")
+        missing = [f"{name}={getattr(self, name)}" for name, default in
+                   (("tp", 1), ("pp", 1), ("zero_stage", 0), ("remat", "none"))
+                   if getattr(self, name) != default]
+        if missing:
+            raise PlanError(f"not available yet: {', '.join(missing)} (this version implements "
+                            "data parallelism with micro-batches and precision policies)")
+        return self
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
+                     optimizer: optax.GradientTransformation, devices=None):
+    """(init, step) for `plan`: init(params32) -> state; step(state, batch) -> (state, metrics).
+
+    Plan() runs on one device; dp > 1 runs data parallel in one shard_map over a mesh of
+    `devices` (default: the first plan.n_devices of jax.devices()).
+    """
+    plan.validate()
+    graphdef = nnx.graphdef(modellib.abstract(model_cfg))
+    pol = precision.policy(plan.precision)
+    if plan.n_devices == 1 and plan.micro_batches == 1:
+        step = precision.make_step(graphdef, optimizer, pol)
+        return (lambda params32: precision.init_state(params32, optimizer, pol)), step
+    from jaxscale.parallel.data import build_data_parallel
+    return build_data_parallel(graphdef, plan, optimizer, pol, devices)
