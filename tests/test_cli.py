@@ -31,6 +31,7 @@ def _fail(capsys, argv):
     (["train", "--devices", "4"], ["asked for 4 CPU devices", "already started with 8"]),
     (["train", "--zero", "5"], ["--zero", "5", "0, 1, 2, 3"]),
     (["train", "--zero", "2"], ["--zero 2", "not available yet"]),
+    (["train", "--micro-batches", "0"], ["--micro-batches", "got 0"]),
     (["train", "--schedule", "zigzag"], ["'zigzag'", "gpipe, 1f1b, interleaved"]),
     (["train", "--precision", "fp64"], ["'fp64'", "bf16", "fp16", "bf16-pure"]),
     (["train", "--model", "7b"], ["7b", "only built abstractly"]),
@@ -65,3 +66,19 @@ def test_train_end_to_end_json(tmp_path):
     assert out["param_count"] == param_count(preset("tiny"))
     assert {"grad_norms", "gap", "tokens_per_s", "compile_s"} <= out.keys()
     assert (tmp_path / "loss_curve.png").exists() and (tmp_path / "metrics.jsonl").exists()
+
+
+def test_train_data_parallel_in_process(capsys, tmp_path):
+    """8 forced devices are already up in this process: dp=8 with 2 micro-batches."""
+    assert main(["train", "--devices", "8", "--mesh", "dp=8", "--micro-batches", "2",
+                 "--steps", "4", "--eval-every", "4", "--json", "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["mesh"] == "dp=8" and out["config"]["micro_batches"] == 2
+    assert len(out["loss_curve"]) == 4 and out["loss_curve"][-1] < out["loss_curve"][0]
+
+
+def test_data_parallel_bad_input(capsys):
+    err = _fail(capsys, ["train", "--devices", "8", "--mesh", "dp=8", "--batch-size", "12"])
+    assert "12 documents is not divisible by dp x micro_batches = 8 x 1" in err
+    err = _fail(capsys, ["train", "--mesh", "dp=4,tp=2"])
+    assert "not available yet: tp=2" in err

@@ -1,0 +1,150 @@
+"""Data parallelism on 8 forced CPU devices vs the single-device reference."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxscale import garden, measure, model as M, optim
+from jaxscale.devices import make_mesh
+from jaxscale.loss import loss_fn, nll_and_count
+from jaxscale.parallel.data import (AXIS, dp_value_and_grad, replicas_identical,
+                                    shard_mean_of_means)
+from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.train import TrainConfig, as_arrays, init_state
+
+CFG = M.preset("tiny")
+
+
+@functools.lru_cache(maxsize=1)
+def setup():
+    graphdef, params, _, _ = init_state(TrainConfig())
+    it = garden.make_corpus(0).train_batches(32, seed=7)
+    return graphdef, params, [as_arrays(next(it)) for _ in range(60)]
+
+
+def dp_grads(graphdef, dp, micro_batches=1):
+    mesh = make_mesh(f"dp={dp}", jax.devices()[:dp])
+    return jax.jit(jax.shard_map(
+        lambda p, b: dp_value_and_grad(graphdef, micro_batches)(p, b, None), mesh=mesh,
+        in_specs=(P(), P(AXIS)), out_specs=(P(), P())))
+
+
+def max_rel(a, b) -> float:
+    """max over tensors of max|a - b| / max|b|, each tensor against its own scale.
+
+    One exception: the key bias bk has a gradient that is exactly zero in exact arithmetic
+    (adding a constant to every key shifts each query's scores by the same amount, which
+    softmax ignores), so its float gradient is rounding noise (~1e-11). Every tensor is
+    measured against at least 1e-4 of the largest gradient (all others are far above).
+    """
+    floor = 1e-4 * max(float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(b))
+    return max(float(jnp.max(jnp.abs(x - y))) / max(float(jnp.max(jnp.abs(y))), floor)
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.mark.parametrize("dp, micro", [(8, 1), (4, 2), (2, 4)])
+def test_gradients_equal_single_device(devices, dp, micro):
+    graphdef, params, batches = setup()
+    ref_loss, ref = jax.value_and_grad(lambda p: loss_fn(graphdef, p, batches[0]))(params)
+    loss, grads = dp_grads(graphdef, dp, micro)(params, batches[0])
+    assert max_rel(grads, ref) <= 1e-5
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
+
+
+def test_the_other_convention_would_give_dp_times_the_gradient(devices):
+    """Differentiating the replicated parameters directly already sums over dp; a psum on
+    top of that (a classic bug) gives exactly 8x: the comparison above would catch it."""
+    graphdef, params, batches = setup()
+    mesh = make_mesh("dp=8")
+
+    def double_counted(p, b):
+        count = lax.psum(jnp.sum(b["mask"]), AXIS)
+        g = jax.grad(lambda q: nll_and_count(graphdef, q, b)[0] / count)(p)  # implicit sum
+        return lax.psum(g, AXIS)  # ... and an explicit one
+    wrong = jax.jit(jax.shard_map(double_counted, mesh=mesh, in_specs=(P(), P(AXIS)),
+                                  out_specs=P()))(params, batches[0])
+    ref = jax.grad(lambda p: loss_fn(graphdef, p, batches[0]))(params)
+    assert max_rel(wrong, ref) > 6  # off by 7x the gradient itself
+    assert max_rel(jax.tree.map(lambda w: w / 8, wrong), ref) <= 1e-5
+
+
+def test_60_step_loss_curve_and_identical_replicas(devices):
+    graphdef, params, batches = setup()
+    opt = optim.adamw(3e-3)
+    init1, step1 = build_train_step(CFG, Plan(), opt)
+    init8, step8 = build_train_step(CFG, Plan(dp=8), opt)
+    a, b = init1(params), init8(params)
+    worst = 0.0
+    for batch in batches:
+        a, ma = step1(a, batch)
+        b, mb = step8(b, batch)
+        worst = max(worst, abs(float(mb["loss"]) - float(ma["loss"])) / float(ma["loss"]))
+        assert replicas_identical((b.params, b.opt_state))  # each device's own copy
+    assert worst <= 1e-5, worst  # measured ~1.1e-6
+
+
+def test_accumulation_equals_one_big_batch_and_mean_of_means_does_not():
+    """Day-4 §4.3: micro-batches of 500 / 100 / 400 / 50 target tokens."""
+    graphdef, params, _ = setup()
+    pool, micro = iter(garden.make_corpus(0).train), []
+    for want in (500, 100, 400, 50):  # fill up to 32 rows, then pad with empty documents
+        group, total = [], 0
+        for d in pool:
+            if total + len(d) - 1 <= want and len(group) < 32:
+                group.append(d)
+                total += len(d) - 1
+            if want - total < 8:
+                break
+        empty = np.array([garden.BOS_ID], np.int32)
+        micro.append(as_arrays(garden.make_batch(group + [empty] * (32 - len(group)), 64)))
+    counts = [float(m["mask"].sum()) for m in micro]
+    big = jax.tree.map(lambda *x: np.concatenate(x), *micro)
+    ref_loss, ref = jax.value_and_grad(lambda p: loss_fn(graphdef, p, big))(params)
+    sums = [jax.value_and_grad(lambda p, m=m: nll_and_count(graphdef, p, m)[0])(params)
+            for m in micro]
+    acc = jax.tree.map(lambda *g: sum(g) / sum(counts), *[g for _, g in sums])
+    assert max_rel(acc, ref) <= 1e-6
+    mean_of_means = np.mean([float(s) / c for (s, _), c in zip(sums, counts)])
+    assert abs(mean_of_means - float(ref_loss)) > 1e-3
+    assert all(abs(c - w) < 8 for c, w in zip(counts, (500, 100, 400, 50))), counts
+
+
+def test_gradients_reduced_once_per_step_not_per_micro_batch(devices):
+    graphdef, params, batches = setup()
+    n_params = M.param_count(CFG)
+    per = {}
+    for micro in (1, 4):
+        hlo = dp_grads(graphdef, 8, micro).lower(params, batches[0]).as_text(dialect="hlo")
+        reductions = [c for c in measure.collectives(hlo) if c.op == "all-reduce"]
+        grad_bytes = sum(c.nbytes for c in reductions if any(len(d) for _, d in c.shapes))
+        per[micro] = (len(reductions), grad_bytes)
+        assert grad_bytes == 4 * n_params  # exactly the fp32 gradients, once
+    assert per[1] == per[4]
+
+
+def test_mean_of_shard_means_is_wrong_when_token_counts_differ(devices):
+    graphdef, params, batches = setup()
+    r = shard_mean_of_means(graphdef, params, batches[0], 8)
+    assert len(set(r["tokens_per_shard"])) > 1
+    assert r["token_weighted"] == pytest.approx(float(loss_fn(graphdef, params, batches[0])),
+                                                rel=1e-6)
+    assert r["difference"] != 0.0
+
+
+@pytest.mark.parametrize("plan, kwargs, message", [
+    (Plan(dp=8), dict(global_batch=12), "12 documents is not divisible by dp x micro_batches = 8 x 1"),
+    (Plan(dp=2, micro_batches=4), dict(global_batch=12), "multiple of 8"),
+    (Plan(dp=4), dict(n_devices=8), "needs 4 devices but 8 are available"),
+    (Plan(micro_batches=0), {}, "micro_batches must be a positive integer, got 0"),
+    (Plan(zero_stage=5), {}, "zero_stage must be 0, 1, 2 or 3, got 5"),
+    (Plan(schedule="zigzag"), {}, "unknown pipeline schedule 'zigzag'"),
+    (Plan(precision="fp8"), {}, "unknown precision policy 'fp8'"),
+    (Plan(tp=2), {}, "not available yet: tp=2"),
+])
+def test_plan_validation(plan, kwargs, message):
+    with pytest.raises(PlanError, match=message):
+        plan.validate(**kwargs)
