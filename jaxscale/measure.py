@@ -65,3 +65,21 @@ def memory(compiled) -> dict[str, int]:
     return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
             "temporaries": m.temp_size_in_bytes, "aliased": m.alias_size_in_bytes,
             "peak": getattr(m, "peak_memory_in_bytes", 0)}
+
+
+def step_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> dict[str, float]:
+    """Median and spread of fn(*args) wall time, after warm-up calls (which compile)."""
+    import time
+
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"median_s": times[len(times) // 2], "min_s": times[0], "max_s": times[-1],
+            "repeats": repeats}

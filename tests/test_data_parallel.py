@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxscale import garden, measure, model as M, optim
+from jaxscale import costmodel, garden, measure, model as M, optim
 from jaxscale.devices import make_mesh
 from jaxscale.loss import loss_fn, nll_and_count
 from jaxscale.parallel.data import (AXIS, dp_value_and_grad, replicas_identical,
@@ -122,7 +122,8 @@ def test_gradients_reduced_once_per_step_not_per_micro_batch(devices):
         reductions = [c for c in measure.collectives(hlo) if c.op == "all-reduce"]
         grad_bytes = sum(c.nbytes for c in reductions if any(len(d) for _, d in c.shapes))
         per[micro] = (len(reductions), grad_bytes)
-        assert grad_bytes == 4 * n_params  # exactly the fp32 gradients, once
+        # the cost model's payload, exactly: the fp32 gradients, once
+        assert grad_bytes == costmodel.dp_gradient_allreduce(n_params, 8)["payload_bytes"]
     assert per[1] == per[4]
 
 

@@ -1,0 +1,59 @@
+"""Closed-form costs: communication volume and time of collectives.
+
+Per-device bytes sent (K devices, a vector of n bytes):
+  ring reduce-scatter or all-gather   (K-1)/K x n
+  ring all-reduce                     2(K-1)/K x n     (reduce-scatter + all-gather)
+  parameter server (device 0)         (K-1) x n sent and (K-1) x n received
+Time = bytes / link bandwidth (bandwidth-bound; latency ignored, overlap with compute not
+counted). The link presets are the lectures' round figures, per GPU and direction.
+"""
+from __future__ import annotations
+
+LINKS = {  # bytes per second
+    "nvlink": 300e9,  # NVLink within a node (lecture 13: 300 GB/s and up)
+    "infiniband": 50e9,  # between nodes (lecture 13 exercises 4 and 6: ~50 GB/s)
+    "ethernet": 1.25e9,  # 10 Gb/s Ethernet
+}
+
+
+class CostModelError(ValueError):
+    """An argument of a cost formula is out of range."""
+
+
+def _check(k: int, n_bytes: float) -> None:
+    if k < 1 or n_bytes < 0:
+        raise CostModelError(f"need K >= 1 devices and n >= 0 bytes, got K={k}, n={n_bytes}")
+
+
+def ring_reduce_scatter_bytes(n_bytes: float, k: int) -> float:
+    _check(k, n_bytes)
+    return (k - 1) / k * n_bytes
+
+
+def ring_all_gather_bytes(n_bytes: float, k: int) -> float:
+    _check(k, n_bytes)
+    return (k - 1) / k * n_bytes
+
+
+def ring_all_reduce_bytes(n_bytes: float, k: int) -> float:
+    """Bytes each device sends in a ring all-reduce of an n-byte vector."""
+    return ring_reduce_scatter_bytes(n_bytes, k) + ring_all_gather_bytes(n_bytes, k)
+
+
+def parameter_server_bytes(n_bytes: float, k: int) -> dict[str, float]:
+    """Device 0 receives every other device's vector and sends the sum back to each."""
+    _check(k, n_bytes)
+    return {"server_sent": (k - 1) * n_bytes, "server_received": (k - 1) * n_bytes,
+            "worker_sent": n_bytes if k > 1 else 0.0}
+
+
+def transfer_seconds(n_bytes: float, link: str) -> float:
+    if link not in LINKS:
+        raise CostModelError(f"unknown link {link!r}; choose from {', '.join(LINKS)}")
+    return n_bytes / LINKS[link]
+
+
+def dp_gradient_allreduce(n_params: float, k: int, grad_bytes: int = 4) -> dict[str, float]:
+    """The data-parallel step's gradient all-reduce: payload and ring volume per device."""
+    payload = n_params * grad_bytes
+    return {"payload_bytes": payload, "ring_bytes_per_device": ring_all_reduce_bytes(payload, k)}
