@@ -83,3 +83,12 @@ def step_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> dict[str, flo
     times.sort()
     return {"median_s": times[len(times) // 2], "min_s": times[0], "max_s": times[-1],
             "repeats": repeats}
+
+
+def compile_seconds(jitted, *args):
+    """(compiled program, seconds to lower and compile it) for a jax.jit function."""
+    import time
+
+    t0 = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    return compiled, time.perf_counter() - t0
