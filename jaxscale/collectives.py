@@ -48,20 +48,20 @@ class Ledger:
     def record(self, op: str, step: int, pairs, x: jax.Array) -> None:
         self.sends.append(Send(op, step, tuple(pairs), x.size * x.dtype.itemsize))
 
-    def sent_per_device(self) -> list[int]:
-        """Total bytes sent by each device on the axis."""
+    def _per_device(self, end: int) -> list[int]:
         out = [0] * self.axis_size
         for s in self.sends:
-            for src, _ in s.pairs:
-                out[src] += s.nbytes
+            for pair in s.pairs:
+                out[pair[end]] += s.nbytes
         return out
 
+    def sent_per_device(self) -> list[int]:
+        """Total bytes sent by each device on the axis."""
+        return self._per_device(0)
+
     def received_per_device(self) -> list[int]:
-        out = [0] * self.axis_size
-        for s in self.sends:
-            for _, dst in s.pairs:
-                out[dst] += s.nbytes
-        return out
+        """Total bytes received by each device on the axis."""
+        return self._per_device(1)
 
 
 def _ring(k: int) -> list[tuple[int, int]]:

@@ -54,25 +54,36 @@ def dp_value_and_grad(graphdef, micro_batches: int = 1):
     return grad_fn
 
 
+class ShardedStep:
+    """step(state, batch) -> (state, metrics) on a mesh: puts the batch's rows on the dp
+    axis, then runs `jitted`, the compiled shard_map program (lower it to read its HLO)."""
+
+    def __init__(self, mesh, jitted):
+        self.mesh, self.jitted = mesh, jitted
+        self.batch_sharding = NamedSharding(mesh, P(AXIS))
+
+    def place_batch(self, batch: dict) -> dict:
+        return jax.device_put({k: batch[k] for k in ("tokens", "targets", "mask")},
+                              self.batch_sharding)
+
+    def __call__(self, state, batch):
+        return self.jitted(state, self.place_batch(batch))
+
+
 def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, devices=None):
     """(init, step) for a Plan with dp >= 1 (and micro-batches): see the module docstring."""
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = devlib.make_mesh(plan.mesh_shape, devices)
     update = precision.make_step(graphdef, optimizer, pol, jit=False,
                                  grad_fn=dp_value_and_grad(graphdef, plan.micro_batches))
-    replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
     compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(P(), P(AXIS)),
                                      out_specs=(P(), P())))
 
     def init(params32):
-        return jax.device_put(precision.init_state(params32, optimizer, pol), replicated)
+        state = precision.init_state(params32, optimizer, pol)
+        return jax.device_put(state, NamedSharding(mesh, P()))  # replicated on every device
 
-    def step(state, batch):
-        batch = {k: v for k, v in batch.items() if k in ("tokens", "targets", "mask")}
-        return compiled(state, jax.device_put(batch, sharded))
-
-    step.mesh, step.jitted, step.place_batch = mesh, compiled, lambda b: jax.device_put(b, sharded)
-    return init, step
+    return init, ShardedStep(mesh, compiled)
 
 
 def replicas_identical(tree) -> bool:
