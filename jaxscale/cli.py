@@ -19,7 +19,6 @@ EXIT_USAGE = 2
 RESERVED = {
     "zero": ("ZeRO stage", [0, 1, 2, 3], 0),
     "schedule": ("pipeline schedule", ["gpipe", "1f1b", "interleaved"], "1f1b"),
-    "remat": ("remat policy", ["none", "full", "matmuls"], "none"),
 }
 
 
@@ -57,7 +56,7 @@ def _number(kind=int, minimum=1, exclusive=False):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxscale.model import PRESETS
+    from jaxscale.model import PRESETS, REMAT_POLICIES
     from jaxscale.precision import POLICIES, POLICY_HELP
     from jaxscale.train import LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
@@ -112,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "gradients once per step (default 1)")
     t.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help="pipeline schedule gpipe, 1f1b or interleaved (reserved)")
-    t.add_argument("--remat", default="none", metavar="POLICY",
-                   help="activation recomputation none, full or matmuls (reserved: none)")
+    t.add_argument("--remat", default=d.remat, choices=list(REMAT_POLICIES), metavar="POLICY",
+                   help="activation recomputation: none; full (keep each block's input, "
+                        "recompute the block in backward); matmuls (keep matmul outputs)")
     t.add_argument("--precision", default=d.precision, choices=list(POLICIES), metavar="POLICY",
                    help="number formats: " + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items()))
     t.set_defaults(run=_cmd_train)
@@ -161,7 +161,8 @@ def _cmd_train(args) -> int:
                       lr_schedule=args.lr_schedule, warmup=args.warmup,
                       batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
                       stop_gap=args.stop_gap, precision=args.precision,
-                      mesh=args.mesh or "dp=1", micro_batches=args.micro_batches)
+                      mesh=args.mesh or "dp=1", micro_batches=args.micro_batches,
+                      remat=args.remat)
     cfg.validate()
     _check_reserved(args)
     _setup_devices(args)

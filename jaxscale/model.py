@@ -113,10 +113,22 @@ class LayerNorm(nnx.Module):
         self.bias = _zeros((*lead, d), (*lead_axes, "embed"))
 
 
+# Activation recomputation (remat) for the scan over blocks: which intermediate values of a
+# block the forward pass keeps for backward. "full" keeps only each block's input and
+# recomputes the block during backward (one extra forward: about +1/3 compute); "matmuls"
+# keeps the matrix-multiply outputs and recomputes the cheap elementwise work.
+REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+                  "matmuls": jax.checkpoint_policies.dots_saveable}
+
+
 class Blocks(nnx.Module):
     """All transformer blocks, every parameter stacked along a leading `layers` axis."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, remat: str = "none"):
+        if remat not in REMAT_POLICIES:
+            raise ModelConfigError(f"unknown remat policy {remat!r}; choose from "
+                                   f"{', '.join(REMAT_POLICIES)}")
+        self.remat = remat  # a static attribute: part of the graphdef, not of the params
         L, d, h, k, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
         normal = jax.nn.initializers.normal(cfg.init_std)
         # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2L)
@@ -138,19 +150,22 @@ class Blocks(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         stacked = nnx.to_pure_dict(nnx.state(self, nnx.Param))
-        x, _ = jax.lax.scan(lambda h, p: (block(p, h), None), x, stacked)
+        body = lambda h, p: (block(p, h), None)  # noqa: E731
+        if self.remat != "none":
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat])
+        x, _ = jax.lax.scan(body, x, stacked)
         return x
 
 
 class Transformer(nnx.Module):
     """Causal language model: token ids [B, T] -> logits [B, T, vocab]."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, remat: str = "none"):
         self.cfg = cfg
         normal = jax.nn.initializers.normal(cfg.init_std)
         self.tok_embed = _param(normal, rngs.params(), (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
         self.pos_embed = _param(normal, rngs.params(), (cfg.seq_len, cfg.d_model), ("position", "embed"))
-        self.blocks = Blocks(cfg, rngs)
+        self.blocks = Blocks(cfg, rngs, remat)
         self.ln_f = LayerNorm(cfg.d_model)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -206,14 +221,14 @@ def block(p, x):
 # Construction helpers
 # --------------------------------------------------------------------------------------
 
-def build(cfg: ModelConfig, seed: int = 0) -> Transformer:
+def build(cfg: ModelConfig, seed: int = 0, remat: str = "none") -> Transformer:
     """A freshly initialised model (deterministic in `seed`)."""
-    return Transformer(cfg, rngs=nnx.Rngs(params=seed))
+    return Transformer(cfg, rngs=nnx.Rngs(params=seed), remat=remat)
 
 
-def abstract(cfg: ModelConfig):
+def abstract(cfg: ModelConfig, remat: str = "none"):
     """The model's parameter shapes and dtypes without allocating them (for big presets)."""
-    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
+    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0), remat=remat))
 
 
 def count_params(model: Transformer) -> int:

@@ -47,6 +47,7 @@ class TrainConfig:
     precision: str = "fp32"  # a policy of jaxscale.precision: fp32, bf16, fp16, bf16-pure
     mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
+    remat: str = "none"  # activation recomputation: none, full, matmuls
     stop_gap: float | None = None  # stop once val loss - floor <= stop_gap (nats)
     n_train_docs: int = 8192
     n_val_docs: int = 512
@@ -54,7 +55,7 @@ class TrainConfig:
     def plan(self):
         """The parallel Plan of this run (validated against the batch size)."""
         from jaxscale.parallel.plan import Plan
-        return Plan.from_mesh(self.mesh, micro_batches=self.micro_batches,
+        return Plan.from_mesh(self.mesh, micro_batches=self.micro_batches, remat=self.remat,
                               precision=self.precision).validate(global_batch=self.batch_size)
 
     def validate(self) -> None:

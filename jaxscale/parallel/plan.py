@@ -20,7 +20,7 @@ from flax import nnx
 from jaxscale import devices as devlib, model as modellib, precision
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-REMAT_POLICIES = ("none", "full", "matmuls")
+REMAT_POLICIES = tuple(modellib.REMAT_POLICIES)
 
 
 class PlanError(ValueError):
@@ -80,11 +80,11 @@ class Plan:
                 f"= {self.dp} x {self.micro_batches}; use a batch that is a multiple of "
                 f"{self.dp * self.micro_batches}")
         missing = [f"{name}={getattr(self, name)}" for name, default in
-                   (("tp", 1), ("pp", 1), ("zero_stage", 0), ("remat", "none"))
+                   (("tp", 1), ("pp", 1), ("zero_stage", 0))
                    if getattr(self, name) != default]
         if missing:
             raise PlanError(f"not available yet: {', '.join(missing)} (this version implements "
-                            "data parallelism with micro-batches and precision policies)")
+                            "data parallelism with micro-batches, precision policies and remat)")
         return self
 
     def as_dict(self) -> dict:
@@ -99,7 +99,7 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     `devices` (default: the first plan.n_devices of jax.devices()).
     """
     plan.validate()
-    graphdef = nnx.graphdef(modellib.abstract(model_cfg))
+    graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat))
     pol = precision.policy(plan.precision)
     if plan.n_devices == 1 and plan.micro_batches == 1:
         step = precision.make_step(graphdef, optimizer, pol)
