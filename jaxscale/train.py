@@ -1,8 +1,9 @@
-"""Single-device training: a jitted train step for any optax transformation, and the loop.
+"""Training: the plain reference step, and the loop that runs any parallel Plan.
 
-`make_train_step` is the plain fp32 step, the reference everything else is checked
-against. The loop runs `precision.make_step`, which applies a precision policy (for
-"fp32" it is bit-identical to the plain step). The loss lives in `jaxscale.loss`.
+`make_train_step` is the plain single-device fp32 step, the reference everything else is
+checked against. The loop `train` builds its step with `parallel.plan.build_train_step`
+from the config's Plan (mesh, micro-batches, precision, remat); for `Plan()` with fp32 that
+step is bit-identical to the plain one. The loss lives in `jaxscale.loss`.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from flax import nnx
 
 from jaxscale import garden, model as modellib, optim, precision
 from jaxscale.loss import loss_fn, nll_and_count  # noqa: F401  (re-exported)
+from jaxscale.parallel.plan import Plan, build_train_step
 from jaxscale.report import Progress, plot_loss_curve
 
 
@@ -33,7 +35,7 @@ LR_SCHEDULES = ("cosine", "constant")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a single-device training run."""
+    """Everything that defines a training run (the parallel strategy included, as a Plan)."""
 
     model: str = "tiny"
     steps: int = 1500
@@ -52,9 +54,8 @@ class TrainConfig:
     n_train_docs: int = 8192
     n_val_docs: int = 512
 
-    def plan(self):
+    def plan(self) -> Plan:
         """The parallel Plan of this run (validated against the batch size)."""
-        from jaxscale.parallel.plan import Plan
         return Plan.from_mesh(self.mesh, micro_batches=self.micro_batches, remat=self.remat,
                               precision=self.precision).validate(global_batch=self.batch_size)
 
@@ -202,7 +203,6 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     floor = corpus.entropy_floor
     val_batches = corpus.val_batches(cfg.batch_size * 4)
     graphdef, params, optimizer, _ = init_state(cfg)
-    from jaxscale.parallel.plan import build_train_step
     init_fn, step_fn = build_train_step(mcfg, cfg.plan(), optimizer)
     state, eval_fn = init_fn(params), make_eval_step(graphdef)
     out = Path(out_dir) if out_dir is not None else None
