@@ -17,7 +17,6 @@ EXIT_USAGE = 2
 # Options reserved on `train` for the strategies that later parts of jaxscale add. They are
 # parsed and range-checked now; a value other than the single-device default is refused.
 RESERVED = {
-    "zero": ("ZeRO stage", [0, 1, 2, 3], 0),
     "schedule": ("pipeline schedule", ["gpipe", "1f1b", "interleaved"], "1f1b"),
 }
 
@@ -104,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--mesh", default=None, metavar="SPEC",
                    help="device mesh, e.g. dp=8 or dp=2,tp=2,pp=2 (sizes multiply to "
                         "the device count)")
-    t.add_argument("--zero", type=int, default=0, metavar="STAGE",
-                   help="ZeRO stage 0-3 (reserved: only 0 for now)")
+    t.add_argument("--zero", type=int, default=d.zero_stage, choices=[0, 1, 2, 3],
+                   metavar="STAGE", help="ZeRO stage over the dp axis: 1 shards the optimizer "
+                                         "state, 2 also the gradients (3: not yet)")
     t.add_argument("--micro-batches", type=_number(), default=1, metavar="M",
                    help="gradient accumulation: split each batch into M micro-batches, reduce "
                         "gradients once per step (default 1)")
@@ -162,7 +162,7 @@ def _cmd_train(args) -> int:
                       batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
                       stop_gap=args.stop_gap, precision=args.precision,
                       mesh=args.mesh or "dp=1", micro_batches=args.micro_batches,
-                      remat=args.remat)
+                      remat=args.remat, zero_stage=args.zero)
     cfg.validate()
     _check_reserved(args)
     _setup_devices(args)

@@ -92,3 +92,17 @@ def compile_seconds(jitted, *args):
     t0 = time.perf_counter()
     compiled = jitted.lower(*args).compile()
     return compiled, time.perf_counter() - t0
+
+
+def ring_bytes_sent(hlo_text: str, k: int, skip_scalars: bool = True) -> int:
+    """Bytes one device sends per step if every collective runs as a ring over k devices:
+    all-reduce of r bytes 2(k-1)/k r; all-gather to r bytes (k-1)/k r; reduce-scatter to r
+    bytes (k-1) r; collective-permute r. Scalars (loss, token count, flags) are skipped."""
+    factor = {"all-reduce": 2 * (k - 1) / k, "all-gather": (k - 1) / k,
+              "reduce-scatter": k - 1, "collective-permute": 1, "all-to-all": (k - 1) / k}
+    total = 0.0
+    for c in collectives(hlo_text):
+        if skip_scalars and not any(len(d) for _, d in c.shapes):
+            continue
+        total += factor[c.op] * c.nbytes
+    return round(total)

@@ -175,16 +175,44 @@ def local_value_and_grad(graphdef):
     return grad_fn
 
 
+class Replicated:
+    """Where the optimizer's copy of the parameters lives: here, whole on every device.
+
+    A sharded layout (ZeRO, `jaxscale.parallel.zero`) overrides these: `target` picks the
+    slice of the working parameters a device updates, `params` rebuilds the working
+    parameters from the updated slices, and the reductions make per-slice flags and sums
+    global.
+    """
+
+    def target(self, params):
+        return params
+
+    def params(self, updated):
+        return updated
+
+    def all_finite(self, flag):
+        return flag
+
+    def global_sum(self, x):
+        return x
+
+    def norm(self, tree):
+        return optax.tree.norm(tree)
+
+
 def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
-              batch_factor: float | jax.Array = 1.0, grad_fn=None, jit: bool = True):
+              batch_factor: float | jax.Array = 1.0, grad_fn=None, jit: bool = True,
+              layout=None):
     """A step(state, batch) -> (state, metrics) applying `pol` (jitted unless jit=False).
 
     batch_factor > 1 divides the loss before the backward pass and multiplies the fp32
     gradients back afterwards: the low-precision backward pass then carries gradients as
     small as a batch that many times larger would give, while the update stays the same.
     `grad_fn(params, batch, multiplier) -> (loss, grads)` computes the gradients (default:
-    on one device; the data-parallel step passes one that reduces them over the mesh).
+    on one device; the data-parallel step passes one that reduces them over the mesh); they
+    come in the `layout` of the optimizer's target (default `Replicated()`: whole tensors).
     """
+    layout = Replicated() if layout is None else layout
     plain = pol.loss_scale == "none" and isinstance(batch_factor, (int, float)) and batch_factor == 1
     grad_fn = local_value_and_grad(graphdef) if grad_fn is None else grad_fn
 
@@ -193,19 +221,22 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
                               None if plain else state.loss_scale / batch_factor)
         unscale = batch_factor / state.loss_scale
         grads32 = jax.tree.map(lambda g: g.astype(jnp.float32) * (1 if plain else unscale), grads)
-        finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads32)]))
-        target = state.master if pol.master_weights else state.params
+        finite = layout.all_finite(
+            jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads32)])))
+        target = state.master if pol.master_weights else layout.target(state.params)
         g = grads32 if pol.master_weights else _cast(grads32, pol.compute_dtype)
         updates, opt_state = optimizer.update(g, state.opt_state, target)
         new_target = optax.apply_updates(target, updates)
         moved = [(u != 0) for u in jax.tree.leaves(updates)]
         lost = [m & (a == b) for m, a, b in
                 zip(moved, jax.tree.leaves(new_target), jax.tree.leaves(target))]
-        swallowed = sum(x.sum() for x in lost) / jnp.maximum(sum(m.sum() for m in moved), 1)
+        swallowed = (layout.global_sum(sum(x.sum() for x in lost))
+                     / jnp.maximum(layout.global_sum(sum(m.sum() for m in moved)), 1))
         if pol.master_weights:
-            new_master, new_params = new_target, _cast(new_target, pol.compute_dtype)
+            new_master = new_target
+            new_params = layout.params(_cast(new_target, pol.compute_dtype))
         else:
-            new_master, new_params = None, new_target
+            new_master, new_params = None, layout.params(new_target)
 
         apply = finite if pol.loss_scale == "dynamic" else jnp.bool_(True)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)  # noqa: E731
@@ -217,7 +248,7 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
         new_state = TrainState(keep(new_params, state.params), keep(new_master, state.master),
                                keep(opt_state, state.opt_state), scale, good,
                                state.skipped + (~apply).astype(jnp.int32))
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads32), "finite": finite,
+        metrics = {"loss": loss, "grad_norm": layout.norm(grads32), "finite": finite,
                    "loss_scale": state.loss_scale, "skipped": new_state.skipped,
                    "swallowed": swallowed}
         return new_state, metrics

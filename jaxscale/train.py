@@ -50,6 +50,7 @@ class TrainConfig:
     mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
     remat: str = "none"  # activation recomputation: none, full, matmuls
+    zero_stage: int = 0  # ZeRO over the dp axis: 0 (plain data parallel), 1, 2
     stop_gap: float | None = None  # stop once val loss - floor <= stop_gap (nats)
     n_train_docs: int = 8192
     n_val_docs: int = 512
@@ -57,7 +58,8 @@ class TrainConfig:
     def plan(self) -> Plan:
         """The parallel Plan of this run (validated against the batch size)."""
         return Plan.from_mesh(self.mesh, micro_batches=self.micro_batches, remat=self.remat,
-                              precision=self.precision).validate(global_batch=self.batch_size)
+                              zero_stage=self.zero_stage, precision=self.precision,
+                              ).validate(global_batch=self.batch_size)
 
     def validate(self) -> None:
         modellib.preset(self.model)

@@ -71,6 +71,9 @@ class Plan:
         if self.precision not in precision.POLICIES:
             raise PlanError(f"unknown precision policy {self.precision!r}; choose from "
                             f"{', '.join(precision.POLICIES)}")
+        if self.zero_stage and self.dp < 2:
+            raise PlanError(f"ZeRO needs dp > 1 to shard over, got dp={self.dp} with "
+                            f"zero_stage={self.zero_stage}; use e.g. --mesh dp=8")
         if n_devices is not None and self.n_devices != n_devices:
             raise PlanError(f"the plan's mesh {self.mesh_shape} needs {self.n_devices} devices "
                             f"but {n_devices} are available")
@@ -80,11 +83,14 @@ class Plan:
                 f"= {self.dp} x {self.micro_batches}; use a batch that is a multiple of "
                 f"{self.dp * self.micro_batches}")
         missing = [f"{name}={getattr(self, name)}" for name, default in
-                   (("tp", 1), ("pp", 1), ("zero_stage", 0))
+                   (("tp", 1), ("pp", 1))
                    if getattr(self, name) != default]
+        if self.zero_stage == 3:
+            missing.append("zero_stage=3")
         if missing:
             raise PlanError(f"not available yet: {', '.join(missing)} (this version implements "
-                            "data parallelism with micro-batches, precision policies and remat)")
+                            "data parallelism with micro-batches, ZeRO stages 1-2, precision "
+                            "policies and remat)")
         return self
 
     def as_dict(self) -> dict:
@@ -101,6 +107,10 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     plan.validate()
     graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat))
     pol = precision.policy(plan.precision)
+    if plan.zero_stage:
+        from jaxscale.parallel.zero import build_zero
+        shapes = nnx.to_pure_dict(nnx.state(modellib.abstract(model_cfg), nnx.Param))
+        return build_zero(graphdef, plan, optimizer, pol, shapes, devices)
     if plan.n_devices == 1 and plan.micro_batches == 1:
         step = precision.make_step(graphdef, optimizer, pol)
         return (lambda params32: precision.init_state(params32, optimizer, pol)), step
