@@ -35,8 +35,15 @@ def _split_micro_batches(batch: dict, m: int) -> dict:
     return jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
 
 
-def dp_value_and_grad(graphdef, micro_batches: int = 1):
-    """grad_fn for precision.make_step, run inside shard_map: (global loss, global grads)."""
+def accumulated_value_and_grad(graphdef, micro_batches: int, per_micro, after, like):
+    """The gradient function shared by plain DP and ZeRO, run inside shard_map.
+
+    Each device differentiates its own copy of the parameters on its micro-batches, each
+    NLL sum divided by the GLOBAL token count. `per_micro` reduces every micro-batch's
+    gradients as they come (identity, or ZeRO-2's reduce-scatter), `after` reduces their
+    sum once per step (the all-reduce, ZeRO-1's reduce-scatter, or nothing); `like(params)`
+    shapes the accumulator. Returns (global loss, reduced gradients).
+    """
     def grad_fn(params, batch, multiplier):
         count = lax.psum(jnp.sum(batch["mask"]), AXIS)
         mine = jax.tree.map(lambda p: lax.pcast(p, AXIS, to="varying"), params)
@@ -46,12 +53,20 @@ def dp_value_and_grad(graphdef, micro_batches: int = 1):
                 s = nll_and_count(graphdef, p, mb)[0] / count
                 return (s if multiplier is None else s * multiplier), s
             (_, s), g = jax.value_and_grad(f, has_aux=True)(mine)
-            return jax.tree.map(jnp.add, acc, (s, g)), None
+            return jax.tree.map(jnp.add, acc, (s, per_micro(g))), None
 
-        zeros = (lax.pcast(jnp.float32(0), AXIS, to="varying"), jax.tree.map(jnp.zeros_like, mine))
+        zeros = (lax.pcast(jnp.float32(0), AXIS, to="varying"),
+                 jax.tree.map(jnp.zeros_like, like(mine)))
         (loss, grads), _ = lax.scan(micro, zeros, _split_micro_batches(batch, micro_batches))
-        return lax.psum(loss, AXIS), lax.psum(grads, AXIS)  # the gradient all-reduce
+        return lax.psum(loss, AXIS), after(grads)
     return grad_fn
+
+
+def dp_value_and_grad(graphdef, micro_batches: int = 1):
+    """Plain data parallelism: accumulate whole gradients, then one all-reduce per step."""
+    identity = lambda tree: tree  # noqa: E731
+    return accumulated_value_and_grad(graphdef, micro_batches, per_micro=identity,
+                                      after=lambda g: lax.psum(g, AXIS), like=identity)
 
 
 class ShardedStep:

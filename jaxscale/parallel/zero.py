@@ -27,8 +27,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale import devices as devlib, precision
-from jaxscale.loss import nll_and_count
-from jaxscale.parallel.data import AXIS, ShardedStep, _split_micro_batches
+from jaxscale.parallel.data import AXIS, ShardedStep, accumulated_value_and_grad
 
 
 class ZeroError(ValueError):
@@ -75,27 +74,20 @@ class ZeroLayout(precision.Replicated):
 
 
 def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, stage: int):
-    """grad_fn for precision.make_step: (global loss, this device's slice of the gradients)."""
+    """grad_fn for precision.make_step: (global loss, this device's slice of the gradients).
+
+    Stage 1 accumulates whole gradients and reduce-scatters them once; stage 2
+    reduce-scatters every micro-batch's gradients at once and accumulates only slices.
+    """
     def scatter(grads):  # sum over devices, keep my slice: the reduce-scatter
         return jax.tree.map(lambda f: lax.psum_scatter(f, AXIS, tiled=True), layout.flatten(grads))
 
-    def grad_fn(params, batch, multiplier):
-        count = lax.psum(jnp.sum(batch["mask"]), AXIS)
-        mine = jax.tree.map(lambda p: lax.pcast(p, AXIS, to="varying"), params)
-
-        def micro(acc, mb):
-            def f(p):
-                s = nll_and_count(graphdef, p, mb)[0] / count
-                return (s if multiplier is None else s * multiplier), s
-            (_, s), g = jax.value_and_grad(f, has_aux=True)(mine)
-            return jax.tree.map(jnp.add, acc, (s, scatter(g) if stage >= 2 else g)), None
-
-        zero_grads = (jax.tree.map(lambda t: jnp.zeros_like(t), layout.target(mine))
-                      if stage >= 2 else jax.tree.map(jnp.zeros_like, mine))
-        zeros = (lax.pcast(jnp.float32(0), AXIS, to="varying"), zero_grads)
-        (loss, grads), _ = lax.scan(micro, zeros, _split_micro_batches(batch, micro_batches))
-        return lax.psum(loss, AXIS), (grads if stage >= 2 else scatter(grads))
-    return grad_fn
+    identity = lambda tree: tree  # noqa: E731
+    if stage >= 2:
+        return accumulated_value_and_grad(graphdef, micro_batches, per_micro=scatter,
+                                          after=identity, like=layout.target)
+    return accumulated_value_and_grad(graphdef, micro_batches, per_micro=identity,
+                                      after=scatter, like=identity)
 
 
 def _check_elementwise(opt_state, target) -> None:
