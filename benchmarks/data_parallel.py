@@ -35,7 +35,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
     cfg, opt, pol = M.preset("tiny"), optim.adamw(3e-3), precision.policy("fp32")
-    graphdef, params, _, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_state(TrainConfig())
     batch = as_arrays(next(garden.make_corpus(0).train_batches(32)))
 
     init1, step1 = build_train_step(cfg, Plan(), opt)

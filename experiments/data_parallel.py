@@ -47,7 +47,7 @@ class Lab:
             raise SystemExit(f"needs {N_DEVICES} devices, JAX has {len(jax.devices())}: run it "
                              "as python -m experiments.data_parallel")
         self.cfg = M.preset("tiny")
-        self.graphdef, self.params0, _, _ = init_state(TrainConfig(seed=seed))
+        self.graphdef, self.params0, _ = init_state(TrainConfig(seed=seed))
         self.corpus = garden.make_corpus(seed)
         it = self.corpus.train_batches(BATCH, seed=seed)
         self.batches = [as_arrays(next(it)) for _ in range(STEPS)]
@@ -67,14 +67,6 @@ class Lab:
         return self._trained
 
 
-def rel_diff(a, b) -> float:
-    """max over tensors of max|a-b| / max|b| (tensors below 1e-4 of the largest gradient,
-    e.g. the key bias whose exact gradient is 0, are measured against that 1e-4)."""
-    floor = 1e-4 * max(float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(b))
-    return max(float(jnp.max(jnp.abs(x - y))) / max(float(jnp.max(jnp.abs(y))), floor)
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
 def dp_grad_fn(lab: Lab, dp: int, micro: int = 1):
     mesh = make_mesh(f"dp={dp}", jax.devices()[:dp])
     return jax.jit(jax.shard_map(lambda p, b: dp_value_and_grad(lab.graphdef, micro)(p, b, None),
@@ -87,7 +79,7 @@ def part_a(lab: Lab, out: Path) -> dict:
     loss, grads = dp_grad_fn(lab, N_DEVICES)(lab.params0, batch)
     mom = shard_mean_of_means(lab.graphdef, lab.trained, batch, N_DEVICES)
     rows = {"single_device_loss": float(ref_loss), "dp8_loss": float(loss),
-            "max_rel_grad_diff": rel_diff(grads, ref), **mom}
+            "max_rel_grad_diff": measure.max_rel_diff(grads, ref), **mom}
     print_table(f"a. one batch of {BATCH} documents ({int(batch['mask'].sum())} target tokens) "
                 f"on 1 device vs dp={N_DEVICES}", ["quantity", "value"],
                 [["loss, 1 device", rows["single_device_loss"]], ["loss, dp=8", rows["dp8_loss"]],
@@ -196,9 +188,9 @@ def part_e(lab: Lab, out: Path) -> dict:
     one_device_m8 = dp_grad_fn(lab, 1, 8)(lab.params0, batch)
     dp8 = dp_grad_fn(lab, N_DEVICES, 1)(lab.params0, batch)
     dp2_m4 = dp_grad_fn(lab, 2, 4)(lab.params0, batch)
-    rows = [{"setup": "1 device, 8 micro-batches of 4", "max_rel_grad_diff": rel_diff(one_device_m8[1], ref)},
-            {"setup": "dp=8, 1 micro-batch", "max_rel_grad_diff": rel_diff(dp8[1], ref)},
-            {"setup": "dp=2 x 4 micro-batches", "max_rel_grad_diff": rel_diff(dp2_m4[1], ref)}]
+    rows = [{"setup": "1 device, 8 micro-batches of 4", "max_rel_grad_diff": measure.max_rel_diff(one_device_m8[1], ref)},
+            {"setup": "dp=8, 1 micro-batch", "max_rel_grad_diff": measure.max_rel_diff(dp8[1], ref)},
+            {"setup": "dp=2 x 4 micro-batches", "max_rel_grad_diff": measure.max_rel_diff(dp2_m4[1], ref)}]
     print_table(f"e. exercise 7: gradient of one {BATCH}-document batch, accumulated vs at once",
                 ["setup", "max relative difference"], [list(r.values()) for r in rows])
     # day-4 §4.3: micro-batches of ~500 / 100 / 400 / 50 target tokens

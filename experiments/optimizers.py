@@ -45,7 +45,7 @@ class Lab:
     """The shared set-up: model, corpus, batches; memoised learning-rate sweeps."""
 
     def __init__(self, seed: int = 0):
-        self.graphdef, self.params0, _, _ = init_state(TrainConfig(seed=seed))
+        self.graphdef, self.params0, _ = init_state(TrainConfig(seed=seed))
         self.corpus = garden.make_corpus(seed)
         self.batches = sweep.stack_batches(self.corpus, STEPS, BATCH, seed=seed)
         self.val = sweep.stack_val(self.corpus)

@@ -36,7 +36,7 @@ SMALL = 4096.0  # gradients as small as a 4096x larger batch would give
 
 class Lab:
     def __init__(self, seed: int = 0):
-        self.graphdef, self.params0, _, _ = init_state(TrainConfig(seed=seed))
+        self.graphdef, self.params0, _ = init_state(TrainConfig(seed=seed))
         self.corpus = garden.make_corpus(seed)
         self.batches = sweep.stack_batches(self.corpus, 400, BATCH, seed=seed)
         self.val = sweep.stack_val(self.corpus)

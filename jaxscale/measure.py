@@ -106,3 +106,20 @@ def ring_bytes_sent(hlo_text: str, k: int, skip_scalars: bool = True) -> int:
             continue
         total += factor[c.op] * c.nbytes
     return round(total)
+
+
+def max_rel_diff(a, b, floor: float = 1e-4) -> float:
+    """max over tensors of max|a - b| / max|b|, each tensor against its own scale, but never
+    against less than `floor` x the largest tensor's scale.
+
+    The floor exists for tensors whose exact value is 0, e.g. the key bias's gradient
+    (adding a constant to every key shifts a query's scores alike, which softmax ignores):
+    in floats they are rounding noise (~1e-11), and their own scale would turn that noise
+    into a large relative error.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    largest = max(float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(b))
+    return max(float(jnp.max(jnp.abs(x - y))) / max(float(jnp.max(jnp.abs(y))), floor * largest)
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))

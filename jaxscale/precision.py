@@ -154,12 +154,20 @@ def _cast(tree, dtype):
     return jax.tree.map(lambda x: x.astype(dtype), tree)
 
 
-def init_state(params32, optimizer: optax.GradientTransformation, pol: Policy) -> TrainState:
-    """The training state for fp32 initial parameters under `pol`."""
+def init_state(params32, optimizer: optax.GradientTransformation, pol: Policy,
+               arrange=None, arrange_params: bool = False) -> TrainState:
+    """The training state for fp32 initial parameters under `pol`.
+
+    `arrange` lays out the optimizer's copy (master weights, or the working params it
+    updates) and hence its state, e.g. ZeRO's flat slices; `arrange_params` applies it to
+    the working parameters too. Default: whole tensors.
+    """
+    arrange = (lambda tree: tree) if arrange is None else arrange
     working = _cast(params32, pol.compute_dtype)
-    master = params32 if pol.master_weights else None
+    master = arrange(params32) if pol.master_weights else None
+    opt_state = optimizer.init(master if pol.master_weights else arrange(working))
     scale = pol.initial_scale if pol.loss_scale != "none" else 1.0
-    return TrainState(working, master, optimizer.init(master if pol.master_weights else working),
+    return TrainState(arrange(working) if arrange_params else working, master, opt_state,
                       jnp.float32(scale), jnp.int32(0), jnp.int32(0))
 
 

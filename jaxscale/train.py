@@ -185,15 +185,16 @@ class TrainResult:
 
 
 def init_state(cfg: TrainConfig):
-    """(graphdef, params, optimizer, opt_state) for a fresh run of `cfg`.
+    """(graphdef, params, optimizer) for a fresh run of `cfg`.
 
-    `graphdef` is the model's static structure; `params` the arrays as a nested dict.
+    `graphdef` is the model's static structure; `params` the fp32 arrays as a nested dict.
+    The optimizer state is built by the Plan's init, in the layout its strategy needs.
     """
     mcfg = modellib.preset(cfg.model)
     graphdef, state = nnx.split(modellib.build(mcfg, seed=cfg.seed), nnx.Param)
     params = nnx.to_pure_dict(state)  # a plain nested dict of arrays; nnx.merge accepts it
     optimizer = make_optimizer(cfg.optimizer, lr_schedule(cfg))
-    return graphdef, params, optimizer, optimizer.init(params)
+    return graphdef, params, optimizer
 
 
 def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = True,
@@ -204,7 +205,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     corpus = garden.make_corpus(cfg.seed, cfg.n_train_docs, cfg.n_val_docs, mcfg.seq_len)
     floor = corpus.entropy_floor
     val_batches = corpus.val_batches(cfg.batch_size * 4)
-    graphdef, params, optimizer, _ = init_state(cfg)
+    graphdef, params, optimizer = init_state(cfg)
     init_fn, step_fn = build_train_step(mcfg, cfg.plan(), optimizer)
     state, eval_fn = init_fn(params), make_eval_step(graphdef)
     out = Path(out_dir) if out_dir is not None else None

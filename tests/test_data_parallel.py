@@ -21,7 +21,7 @@ CFG = M.preset("tiny")
 
 @functools.lru_cache(maxsize=1)
 def setup():
-    graphdef, params, _, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_state(TrainConfig())
     it = garden.make_corpus(0).train_batches(32, seed=7)
     return graphdef, params, [as_arrays(next(it)) for _ in range(60)]
 
@@ -33,25 +33,12 @@ def dp_grads(graphdef, dp, micro_batches=1):
         in_specs=(P(), P(AXIS)), out_specs=(P(), P())))
 
 
-def max_rel(a, b) -> float:
-    """max over tensors of max|a - b| / max|b|, each tensor against its own scale.
-
-    One exception: the key bias bk has a gradient that is exactly zero in exact arithmetic
-    (adding a constant to every key shifts each query's scores by the same amount, which
-    softmax ignores), so its float gradient is rounding noise (~1e-11). Every tensor is
-    measured against at least 1e-4 of the largest gradient (all others are far above).
-    """
-    floor = 1e-4 * max(float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(b))
-    return max(float(jnp.max(jnp.abs(x - y))) / max(float(jnp.max(jnp.abs(y))), floor)
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
 @pytest.mark.parametrize("dp, micro", [(8, 1), (4, 2), (2, 4)])
 def test_gradients_equal_single_device(devices, dp, micro):
     graphdef, params, batches = setup()
     ref_loss, ref = jax.value_and_grad(lambda p: loss_fn(graphdef, p, batches[0]))(params)
     loss, grads = dp_grads(graphdef, dp, micro)(params, batches[0])
-    assert max_rel(grads, ref) <= 1e-5
+    assert measure.max_rel_diff(grads, ref) <= 1e-5
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
 
 
@@ -68,8 +55,8 @@ def test_the_other_convention_would_give_dp_times_the_gradient(devices):
     wrong = jax.jit(jax.shard_map(double_counted, mesh=mesh, in_specs=(P(), P(AXIS)),
                                   out_specs=P()))(params, batches[0])
     ref = jax.grad(lambda p: loss_fn(graphdef, p, batches[0]))(params)
-    assert max_rel(wrong, ref) > 6  # off by 7x the gradient itself
-    assert max_rel(jax.tree.map(lambda w: w / 8, wrong), ref) <= 1e-5
+    assert measure.max_rel_diff(wrong, ref) > 6  # off by 7x the gradient itself
+    assert measure.max_rel_diff(jax.tree.map(lambda w: w / 8, wrong), ref) <= 1e-5
 
 
 def test_60_step_loss_curve_and_identical_replicas(devices):
@@ -107,7 +94,7 @@ def test_accumulation_equals_one_big_batch_and_mean_of_means_does_not():
     sums = [jax.value_and_grad(lambda p, m=m: nll_and_count(graphdef, p, m)[0])(params)
             for m in micro]
     acc = jax.tree.map(lambda *g: sum(g) / sum(counts), *[g for _, g in sums])
-    assert max_rel(acc, ref) <= 1e-6
+    assert measure.max_rel_diff(acc, ref) <= 1e-6
     mean_of_means = np.mean([float(s) / c for (s, _), c in zip(sums, counts)])
     assert abs(mean_of_means - float(ref_loss)) > 1e-3
     assert all(abs(c - w) < 8 for c, w in zip(counts, (500, 100, 400, 50))), counts

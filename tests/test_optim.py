@@ -25,7 +25,7 @@ HYPOTHESIS = settings(max_examples=6, deadline=None, derandomize=True,
 @functools.lru_cache(maxsize=1)
 def problem():
     """Tiny transformer, its initial parameters and 4 real batches of 8 documents."""
-    graphdef, params, _, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_state(TrainConfig())
     it = garden.make_corpus(0).train_batches(8, seed=5)
     batches = jax.tree.map(lambda *x: jnp.stack(x), *[as_arrays(next(it)) for _ in range(4)])
     return graphdef, params, batches

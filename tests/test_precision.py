@@ -14,7 +14,7 @@ from jaxscale.train import TrainConfig, init_state, make_train_step
 
 @functools.lru_cache(maxsize=1)
 def setup():
-    graphdef, params, _, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_state(TrainConfig())
     batches = sweep.stack_batches(garden.make_corpus(0), 8, 8, seed=3)
     return graphdef, params, [jax.tree.map(lambda x, i=i: x[i], batches) for i in range(8)]
 

@@ -14,7 +14,7 @@ from jaxscale.train import TrainConfig, as_arrays, init_state
 
 @functools.lru_cache(maxsize=1)
 def setup():
-    _, params, _, _ = init_state(TrainConfig())
+    _, params, _ = init_state(TrainConfig())
     batch = as_arrays(next(garden.make_corpus(0).train_batches(128)))
     compiled = {}
     for policy in M.REMAT_POLICIES:

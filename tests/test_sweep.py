@@ -9,7 +9,7 @@ from jaxscale.train import TrainConfig, as_arrays, init_state, loss_fn, make_tra
 
 @pytest.fixture(scope="module")
 def setup():
-    graphdef, params, _, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_state(TrainConfig())
     corpus = garden.make_corpus(0)
     return graphdef, params, corpus
 

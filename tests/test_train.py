@@ -16,7 +16,7 @@ SHORT = dict(steps=30, eval_every=15, warmup=5, n_train_docs=256, n_val_docs=64)
 
 @pytest.fixture(scope="module")
 def setup():
-    graphdef, params, _, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_state(TrainConfig())
     batch = next(garden.make_corpus(0).train_batches(32))
     return graphdef, params, batch
 

@@ -16,7 +16,7 @@ CFG, K = M.preset("tiny"), 4
 
 @functools.lru_cache(maxsize=1)
 def setup():
-    _, params, _, _ = init_state(TrainConfig())
+    _, params, _ = init_state(TrainConfig())
     it = garden.make_corpus(0).train_batches(32, seed=3)
     return params, [as_arrays(next(it)) for _ in range(40)]
 

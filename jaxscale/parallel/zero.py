@@ -114,13 +114,7 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
                                     sliced(state.master), sliced(state.opt_state), P(), P(), P())
 
     def fresh_state(params32):
-        working = jax.tree.map(lambda x: x.astype(pol.compute_dtype), params32)
-        master = layout.flatten(params32) if pol.master_weights else None
-        target = master if pol.master_weights else layout.flatten(working)
-        opt_state = optimizer.init(target)
-        scale = pol.initial_scale if pol.loss_scale != "none" else 1.0
-        return precision.TrainState(working, master, opt_state, jnp.float32(scale),
-                                    jnp.int32(0), jnp.int32(0))
+        return precision.init_state(params32, optimizer, pol, arrange=layout.flatten)
 
     abstract = jax.eval_shape(fresh_state, param_shapes)
     _check_elementwise(abstract.opt_state, jax.eval_shape(layout.flatten, param_shapes))
