@@ -6,6 +6,7 @@ line that names it and the valid choices, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -13,6 +14,10 @@ import sys
 from pathlib import Path
 
 EXIT_USAGE = 2
+
+# Subcommands beyond `train`: each module in jaxscale/commands/ has register(subparsers),
+# which adds its parser (class _Parser, so errors are one line) and sets `run=handler`.
+COMMAND_MODULES: tuple[str, ...] = ()
 
 # Options reserved on `train` for the strategies that later parts of jaxscale add. They are
 # parsed and range-checked now; a value other than the single-device default is refused.
@@ -117,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--precision", default=d.precision, choices=list(POLICIES), metavar="POLICY",
                    help="number formats: " + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items()))
     t.set_defaults(run=_cmd_train)
+    for name in COMMAND_MODULES:  # the other commands, one module each (jaxscale/commands/)
+        importlib.import_module(f"jaxscale.commands.{name}").register(sub)
     return p
 
 
