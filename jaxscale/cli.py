@@ -17,7 +17,7 @@ EXIT_USAGE = 2
 
 # Subcommands beyond `train`: each module in jaxscale/commands/ has register(subparsers),
 # which adds its parser (class _Parser, so errors are one line) and sets `run=handler`.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("memory", "comm", "failures", "plan", "schedule")
 
 # Options reserved on `train` for the strategies that later parts of jaxscale add. They are
 # parsed and range-checked now; a value other than the single-device default is refused.
@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the device count)")
     t.add_argument("--zero", type=int, default=d.zero_stage, choices=[0, 1, 2, 3],
                    metavar="STAGE", help="ZeRO stage over the dp axis: 1 shards the optimizer "
-                                         "state, 2 also the gradients (3: not yet)")
+                                         "state, 2 also the gradients, 3 also the parameters "
+                                         "(gathered per layer when needed)")
     t.add_argument("--micro-batches", type=_number(), default=1, metavar="M",
                    help="gradient accumulation: split each batch into M micro-batches, reduce "
                         "gradients once per step (default 1)")

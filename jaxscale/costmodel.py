@@ -1,11 +1,19 @@
-"""Closed-form costs: communication volume and time of collectives.
+"""Closed-form costs of training: memory per device, communication volume and time.
 
-Per-device bytes sent (K devices, a vector of n bytes):
+Communication, per-device bytes sent (K devices, a vector of n bytes):
   ring reduce-scatter or all-gather   (K-1)/K x n
   ring all-reduce                     2(K-1)/K x n     (reduce-scatter + all-gather)
   parameter server (device 0)         (K-1) x n sent and (K-1) x n received
+  tensor parallel (Megatron)          4 all-reduces of b*s*h activations per layer per step
+  pipeline parallel                   b*s*h activations forward + their gradients back, per
+                                      stage boundary per step
 Time = bytes / link bandwidth (bandwidth-bound; latency ignored, overlap with compute not
 counted). The link presets are the lectures' round figures, per GPU and direction.
+
+Memory: model states (parameters, gradients, Adam state) per device under ZeRO 0-3;
+activations by Korthikanti et al. (2022), with tensor parallelism, flash attention and
+per-layer recomputation; LoRA and QLoRA fine-tuning. Sizes are bytes; GB = 1e9, GiB = 2^30.
+Failure and checkpoint formulas are in jaxscale.failures, layout search in jaxscale.planner.
 """
 from __future__ import annotations
 
@@ -18,6 +26,12 @@ LINKS = {  # bytes per second
 
 class CostModelError(ValueError):
     """An argument of a cost formula is out of range."""
+
+
+def _positive(**values) -> None:
+    for name, v in values.items():
+        if not v >= 1:
+            raise CostModelError(f"{name} must be >= 1, got {v}")
 
 
 def _check(k: int, n_bytes: float) -> None:
@@ -91,18 +105,171 @@ def model_state_bytes(n_params: float, k: int, zero_stage: int = 0,
 
 
 def activation_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int,
-                               flash_attention: bool = False) -> float:
+                               flash_attention: bool = False, tp: int = 1) -> float:
     """Activations one transformer layer keeps for backward, 16-bit (Korthikanti et al.):
-    s*b*h*(34 + 5*a*s/h); with flash attention the a*s*s attention maps are not stored: 34*s*b*h."""
+    s*b*h*(34 + 5*a*s/h); with flash attention the a*s*s attention maps are not stored: 34*s*b*h.
+
+    With tensor parallelism over tp devices (no sequence parallelism) the parts inside the
+    split matmuls shrink and the layer-norm and dropout inputs stay whole:
+    s*b*h*(10 + 24/tp + 5*a*s/(h*tp)) per device (their eq. 2); tp = 1 gives the 34 above.
+    """
+    _positive(seq=seq, batch=batch, hidden=hidden, heads=heads, tp=tp)
     sbh = seq * batch * hidden
-    return sbh * 34 if flash_attention else sbh * (34 + 5 * heads * seq / hidden)
+    if tp == 1:  # the lecture's expression, term for term
+        return sbh * 34 if flash_attention else sbh * (34 + 5 * heads * seq / hidden)
+    attention_maps = 0 if flash_attention else 5 * heads * seq / (hidden * tp)
+    return sbh * (10 + 24 / tp + attention_maps)
 
 
 def activation_bytes(layers: int, seq: int, batch: int, hidden: int, heads: int,
-                     flash_attention: bool = False, recompute: bool = False) -> float:
+                     flash_attention: bool = False, recompute: bool = False,
+                     tp: int = 1) -> float:
     """All layers' activations; with per-layer recomputation only each layer's 16-bit input
-    (2*s*b*h) is kept, plus one layer's full activations while it is recomputed."""
-    one = activation_bytes_per_layer(seq, batch, hidden, heads, flash_attention)
+    (2*s*b*h, whole on every tensor-parallel device) is kept, plus one layer's full
+    activations while it is recomputed."""
+    one = activation_bytes_per_layer(seq, batch, hidden, heads, flash_attention, tp)
     if not recompute:
         return layers * one
     return layers * 2 * seq * batch * hidden + one
+
+
+# --------------------------------------------------------------------------------------
+# Fine-tuning memory: LoRA and QLoRA
+# --------------------------------------------------------------------------------------
+
+# NF4 as in QLoRA (Dettmers et al. 2023): 4 bits per weight, one 8-bit scale per block of 64
+# weights, and ("double quantization") one fp32 scale per 256 of those 8-bit scales.
+NF4_BITS, NF4_BLOCK, NF4_SCALE_BITS, NF4_SCALE_BLOCK = 4, 64, 8, 256
+NF4_BYTES_PER_PARAM = (NF4_BITS + NF4_SCALE_BITS / NF4_BLOCK
+                       + 32 / (NF4_BLOCK * NF4_SCALE_BLOCK)) / 8  # 0.5159 bytes
+
+
+def lora_adapter_params(layers: int, hidden: int, rank: int, ffn: int | None = None) -> int:
+    """LoRA parameters when every linear layer of every block is adapted.
+
+    An adapted d_in x d_out matrix W gets W + B A with A: rank x d_in and B: d_out x rank,
+    r*(d_in + d_out) trainable parameters (2*r*(d_in + d_out) bytes in bf16). A block has
+    Wq, Wk, Wv, Wo (hidden x hidden) and the MLP's W1 (hidden x ffn), W2 (ffn x hidden);
+    ffn defaults to 4 x hidden.
+    """
+    ffn = 4 * hidden if ffn is None else ffn
+    _positive(layers=layers, hidden=hidden, rank=rank, ffn=ffn)
+    if rank > hidden:
+        raise CostModelError(f"LoRA rank {rank} is larger than hidden {hidden}: choose 1..{hidden}")
+    per_block = 4 * rank * (hidden + hidden) + 2 * rank * (hidden + ffn)
+    return layers * per_block
+
+
+def finetune_state_bytes(n_params: float, adapter_params: float, quantized: bool = False) -> dict:
+    """Bytes of a LoRA (bf16 base) or QLoRA (NF4 base) fine-tune, one device holding it all.
+
+    The base weights are frozen: no gradients and no optimizer state, 2 bytes each in bf16
+    (LoRA) or NF4_BYTES_PER_PARAM with its block scales (QLoRA). The adapters are trained
+    with mixed-precision Adam, 2 + 2 + 12 = 16 bytes per adapter parameter (STATE_BYTES).
+    Activations come on top (they are about those of full training: backward still flows
+    through the frozen layers to reach the adapters).
+    """
+    _check(1, n_params)
+    _check(1, adapter_params)
+    base = n_params * (NF4_BYTES_PER_PARAM if quantized else 2)
+    p, g, o = STATE_BYTES["mixed"]
+    out = {"base_weights": base, "adapter_params": adapter_params * p,
+           "adapter_grads": adapter_params * g, "adapter_optimizer": adapter_params * o}
+    out["total"] = sum(out.values())
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Links, tensor- and pipeline-parallel volumes, the pipeline bubble
+# --------------------------------------------------------------------------------------
+
+def link_bandwidth(link: str | float) -> tuple[str, float]:
+    """(name, bytes/s) of a preset link name or a bandwidth in GB/s ("25" -> 25e9 bytes/s)."""
+    if isinstance(link, str) and link.lower() in LINKS:
+        return link.lower(), LINKS[link.lower()]
+    try:
+        gbs = float(link)
+    except (TypeError, ValueError):
+        raise CostModelError(f"unknown link {link!r}; choose from {', '.join(LINKS)} or a "
+                             "bandwidth in GB/s such as 25") from None
+    if not gbs > 0 or gbs == float("inf"):
+        raise CostModelError(f"link bandwidth must be > 0 GB/s, got {link}")
+    return f"{gbs:g} GB/s", gbs * 1e9
+
+
+def tp_step_volume(layers: int, seq: int, batch: int, hidden: int, tp: int,
+                   act_bytes: int = 2, recompute: bool = False) -> dict[str, float]:
+    """Megatron tensor parallelism over tp devices, one training step of batch x seq tokens.
+
+    Each layer all-reduces its b*s*h activations twice in forward (after attention, after
+    the MLP) and their gradients twice in backward: 4 all-reduces per layer per step (6
+    with full recomputation, which runs the forward, and its 2 all-reduces, again). The
+    payload does not depend on tp; what each device sends in the ring does, 2(tp-1)/tp.
+    """
+    _positive(layers=layers, seq=seq, batch=batch, hidden=hidden, tp=tp, act_bytes=act_bytes)
+    one = seq * batch * hidden * act_bytes
+    count = (6 if recompute else 4) * layers
+    return {"allreduce_bytes": one, "allreduces_per_step": count,
+            "payload_bytes_per_step": one * count,
+            "ring_bytes_per_device": count * ring_all_reduce_bytes(one, tp)}
+
+
+def pp_step_volume(seq: int, batch: int, hidden: int, pp: int,
+                   act_bytes: int = 2) -> dict[str, float]:
+    """Pipeline parallelism over pp stages, one step of batch x seq tokens (all micro-batches).
+
+    At each of the pp-1 stage boundaries the activations (b*s*h) go forward and their
+    gradients (b*s*h) come back; a middle stage sends one of each.
+    """
+    _positive(seq=seq, batch=batch, hidden=hidden, pp=pp, act_bytes=act_bytes)
+    one = seq * batch * hidden * act_bytes
+    return {"activation_bytes": one, "boundary_bytes_per_step": 2 * one, "boundaries": pp - 1,
+            "total_bytes_per_step": 2 * one * (pp - 1),
+            "max_bytes_per_device": 2 * one if pp > 2 else one * (pp - 1)}
+
+
+def bubble_fraction(pp: int, micro_batches: int) -> float:
+    """Idle fraction of a GPipe or 1F1B pipeline: (p - 1) / (m + p - 1)."""
+    if pp < 1 or micro_batches < 1:
+        raise CostModelError(f"need pp >= 1 and micro_batches >= 1, got pp={pp}, "
+                             f"micro_batches={micro_batches}")
+    return (pp - 1) / (micro_batches + pp - 1)
+
+
+# --------------------------------------------------------------------------------------
+# Reading and writing sizes
+# --------------------------------------------------------------------------------------
+
+_COUNT = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_BYTES = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def _parse(text: str, units: dict, what: str, examples: str) -> float:
+    s = str(text).strip().replace("_", "").replace(",", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = s[len(num):].strip().lower()
+    try:
+        value = float(num) * units[unit]
+    except (ValueError, KeyError):
+        raise CostModelError(f"{what} {text!r} is not understood; write e.g. {examples}") from None
+    if not (value > 0 and value != float("inf")):
+        raise CostModelError(f"{what} must be > 0, got {text!r}")
+    return value
+
+
+def parse_count(text: str) -> float:
+    """A positive count such as "7e9", "7B" (billion), "350M", "1.5T", "7000000000"."""
+    return _parse(text, _COUNT, "count", "7e9, 7B, 350M or 1.5T")
+
+
+def parse_bytes(text: str) -> float:
+    """A positive size in bytes: "80GB" (1e9), "80GiB" (2^30), "512MB", or plain "8e10"."""
+    return _parse(text, _BYTES, "size", "80GB, 80GiB, 512MB or 8e10")
+
+
+def human_bytes(n: float) -> str:
+    """Bytes with both units the project uses: GB = 1e9 and GiB = 2^30 (or MB / MiB)."""
+    if abs(n) >= 1e9:
+        return f"{n / 1e9:,.2f} GB ({n / 2**30:,.2f} GiB)"
+    return f"{n / 1e6:,.1f} MB ({n / 2**20:,.1f} MiB)"

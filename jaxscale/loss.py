@@ -14,8 +14,13 @@ from flax import nnx
 
 def nll_and_count(graphdef, params, batch) -> tuple[jax.Array, jax.Array]:
     """(sum of target-token NLLs, number of target tokens) over a batch; padding excluded."""
-    logits = nnx.merge(graphdef, params)(batch["tokens"]).astype(jnp.float32)
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    return logits_nll_and_count(nnx.merge(graphdef, params)(batch["tokens"]), batch)
+
+
+def logits_nll_and_count(logits, batch) -> tuple[jax.Array, jax.Array]:
+    """nll_and_count from the model's logits (for callers that run the forward themselves)."""
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
+                                                          batch["targets"])
     mask = batch["mask"]
     return jnp.sum(nll * mask), jnp.sum(mask)
 

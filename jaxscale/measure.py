@@ -4,6 +4,12 @@ Collectives are read from the lowered, un-optimised HLO (`lowered.as_text(dialec
 there every psum / ppermute / all_gather of the program is still one op with its own
 shape. (The optimised CPU HLO merges a step's psums into one tuple all-reduce, which hides
 the per-tensor structure.) Bytes of an op = the bytes of its result on one device.
+
+An op inside a loop body runs once per iteration: a `lax.scan` over L layers is an HLO
+`while` whose body holds one layer's collectives. `collectives` follows the call graph from
+the entry computation and gives each op the number of times it runs per step (`times`):
+the product of the trip counts of the while loops around it, read from each loop's
+condition (`i < N`, as JAX lowers scan and fori_loop).
 """
 from __future__ import annotations
 
@@ -29,14 +35,65 @@ class Collective:
     shapes: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, dims) of each result
     nbytes: int  # result bytes on one device
     pairs: tuple[tuple[int, int], ...] = ()  # collective-permute: (source, target)
+    times: int = 1  # executions per run of the program (loop trip counts multiplied)
+
+
+_CALLS = re.compile(r"\b(body|condition|to_apply|calls|true_computation|false_computation)"
+                    r"=%?(?P<name>[\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
+_TRIP = re.compile(r"constant\((?P<n>\d+)\)")
+
+
+def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
+    """{computation name: its instruction lines}, and the entry computation's name."""
+    comps, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            head = line.split()
+            is_entry = head[0] == "ENTRY"
+            current = (head[1] if is_entry else head[0]).lstrip("%")
+            comps[current] = []
+            entry = current if is_entry else entry
+        elif current is not None and line.strip() == "}":
+            current = None
+        elif current is not None:
+            comps[current].append(line)
+    return comps, entry
+
+
+def _times_run(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
+    """How many times each computation runs per run of `entry` (while bodies x trip count)."""
+    times: dict[str, int] = {}
+
+    def visit(name: str, n: int) -> None:
+        times[name] = times.get(name, 0) + n
+        for line in comps.get(name, ()):
+            calls = {m["name"]: m[1] for m in _CALLS.finditer(line)}
+            for b in _BRANCHES.finditer(line):
+                calls.update({c.strip().lstrip("%"): "branch" for c in b["names"].split(",")})
+            trip = 1
+            if "condition" in calls.values():
+                cond = next(c for c, kind in calls.items() if kind == "condition")
+                trips = [int(m["n"]) for l in comps.get(cond, ()) for m in _TRIP.finditer(l)]
+                trip = max(trips) if trips else 1
+            for callee, kind in calls.items():
+                visit(callee, n * trip if kind == "body" else n)
+    visit(entry, 1)
+    return times
 
 
 def collectives(hlo_text: str) -> list[Collective]:
-    """Every collective op in an HLO module's text, in program order."""
+    """Every collective op in an HLO module's text, in program order, with how many times
+    it runs per execution of the module (`times`; 1 outside loops)."""
+    comps, entry = _computations(hlo_text)
+    runs = _times_run(comps, entry) if entry else {}
+    lines = [(line, runs.get(name, 0)) for name, body in comps.items() for line in body]
+    if not comps:  # not a whole module: a bare list of instructions
+        lines = [(line, 1) for line in hlo_text.splitlines()]
     found = []
-    for line in hlo_text.splitlines():
+    for line, times in lines:
         m = _LINE.search(line)
-        if not m:
+        if not m or times == 0:
             continue
         shapes = tuple((s["dtype"], tuple(int(d) for d in s["dims"].split(",") if d))
                        for s in _SHAPE.finditer(m["type"]))
@@ -45,17 +102,18 @@ def collectives(hlo_text: str) -> list[Collective]:
         if (p := _PAIRS.search(line)) is not None:
             pairs = tuple(tuple(int(v) for v in pair.split(","))
                           for pair in re.findall(r"\{(\d+,\d+)\}", p["pairs"]))
-        found.append(Collective(m["op"], shapes, nbytes, pairs))
+        found.append(Collective(m["op"], shapes, nbytes, pairs, times))
     return found
 
 
 def bytes_by_op(hlo_text: str) -> dict[str, dict[str, int]]:
-    """{op: {"count": n, "bytes": total result bytes per device}} over the program."""
+    """{op: {"count": n, "bytes": total result bytes per device}} per run of the program
+    (an op in a loop counted once per iteration)."""
     out: dict[str, dict[str, int]] = {}
     for c in collectives(hlo_text):
         entry = out.setdefault(c.op, {"count": 0, "bytes": 0})
-        entry["count"] += 1
-        entry["bytes"] += c.nbytes
+        entry["count"] += c.times
+        entry["bytes"] += c.nbytes * c.times
     return out
 
 
@@ -104,7 +162,7 @@ def ring_bytes_sent(hlo_text: str, k: int, skip_scalars: bool = True) -> int:
     for c in collectives(hlo_text):
         if skip_scalars and not any(len(d) for _, d in c.shapes):
             continue
-        total += factor[c.op] * c.nbytes
+        total += factor[c.op] * c.nbytes * c.times
     return round(total)
 
 

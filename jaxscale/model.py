@@ -148,14 +148,6 @@ class Blocks(nnx.Module):
         self.w2 = _param(residual, rngs.params(), (L, f, d), ("layers", "mlp", "embed"))
         self.b2 = _zeros((L, d), ("layers", "embed"))
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        stacked = nnx.to_pure_dict(nnx.state(self, nnx.Param))
-        body = lambda h, p: (block(p, h), None)  # noqa: E731
-        if self.remat != "none":
-            body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat])
-        x, _ = jax.lax.scan(body, x, stacked)
-        return x
-
 
 class Transformer(nnx.Module):
     """Causal language model: token ids [B, T] -> logits [B, T, vocab]."""
@@ -172,10 +164,48 @@ class Transformer(nnx.Module):
         t = tokens.shape[-1]
         if t > self.cfg.seq_len:
             raise ModelConfigError(f"sequence of {t} tokens exceeds seq_len={self.cfg.seq_len}")
-        x = self.tok_embed[tokens] + self.pos_embed[:t]
-        x = self.blocks(x)
-        x = layer_norm(x, self.ln_f.scale[...], self.ln_f.bias[...])
-        return jnp.einsum("btd,vd->btv", x, self.tok_embed[...])  # tied output head
+        return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, self.blocks.remat)
+
+
+def forward(params: dict, tokens: jax.Array, remat: str = "none", fetch=None) -> jax.Array:
+    """The model as a pure function of its parameters (a nested dict): token ids -> logits.
+
+    Three units run in turn: `embed` (token + position embeddings), the L blocks (one
+    `lax.scan` over the stacked layer parameters) and `head` (final LayerNorm, then the tied
+    output projection logits = h @ E^T).
+
+    `fetch(unit_params, layer)` turns what a unit is given into whole tensors just before the
+    unit uses them (`layer` is True for one block's parameters). Default: they already are.
+    ZeRO stage 3 passes a fetch that all-gathers the unit's slices; each unit then runs under
+    `jax.checkpoint`, so the gathered copy is dropped after the forward pass and gathered
+    again in the backward pass, when it is needed (see jaxscale.parallel.zero).
+    """
+    t = tokens.shape[-1]
+    sharded = fetch is not None
+    fetch = fetch if sharded else (lambda p, layer: p)
+
+    def embed(p, tokens):
+        p = fetch(p, False)
+        return p["tok_embed"][tokens] + p["pos_embed"][:t]
+
+    def layer(x, p):
+        return block(fetch(p, True), x), None
+
+    def head(p, x):
+        p = fetch(p, False)
+        x = layer_norm(x, p["ln_f"]["scale"], p["ln_f"]["bias"])
+        return jnp.einsum("btd,vd->btv", x, p["tok_embed"])  # tied output head
+
+    if sharded:  # keep activations (matmul outputs), never the gathered parameters
+        layer_policy = REMAT_POLICIES[remat] or jax.checkpoint_policies.dots_saveable
+        embed = jax.checkpoint(embed, policy=jax.checkpoint_policies.nothing_saveable)
+        head = jax.checkpoint(head, policy=jax.checkpoint_policies.dots_saveable)
+        layer = jax.checkpoint(layer, policy=layer_policy)
+    elif remat != "none":
+        layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
+    x = embed({"tok_embed": params["tok_embed"], "pos_embed": params["pos_embed"]}, tokens)
+    x, _ = jax.lax.scan(layer, x, params["blocks"])
+    return head({"ln_f": params["ln_f"], "tok_embed": params["tok_embed"]}, x)
 
 
 # --------------------------------------------------------------------------------------

@@ -208,6 +208,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     graphdef, params, optimizer = init_state(cfg)
     init_fn, step_fn = build_train_step(mcfg, cfg.plan(), optimizer)
     state, eval_fn = init_fn(params), make_eval_step(graphdef)
+    # whole parameters for evaluation: a sharded step (ZeRO-3) knows how to gather its own
+    whole = getattr(step_fn, "full_params", lambda s: s.params)
     out = Path(out_dir) if out_dir is not None else None
     jsonl = None
     if out is not None:
@@ -243,7 +245,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
                       "skipped": int(m["skipped"]),
                       "time_s": time.perf_counter() - t_start}
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                val = evaluate(eval_fn, state.params, val_batches)
+                val = evaluate(eval_fn, whole(state), val_batches)
                 val_curve.append((step, val))
                 record.update(val_loss=val, entropy_floor=floor, gap=val - floor)
                 if cfg.stop_gap is not None and val - floor <= cfg.stop_gap and reached_at is None:
@@ -262,7 +264,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             jsonl.close()
     train_s = time.perf_counter() - t_start
     if not val_curve or val_curve[-1][0] != len(losses):
-        val_curve.append((len(losses), evaluate(eval_fn, state.params, val_batches)))
+        val_curve.append((len(losses), evaluate(eval_fn, whole(state), val_batches)))
     result = TrainResult(
         config=asdict(cfg), param_count=modellib.param_count(mcfg), entropy_floor=floor,
         loss_curve=losses, grad_norms=norms, val_curve=val_curve, val_loss=val_curve[-1][1],

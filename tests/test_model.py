@@ -60,12 +60,14 @@ def test_causal_future_tokens_do_not_change_the_past(tiny):
 
 def test_scan_equals_explicit_loop_over_layers(tiny):
     cfg = M.preset("tiny")
-    x = jax.random.normal(jax.random.key(1), (2, 8, cfg.d_model))
-    stacked = nnx.to_pure_dict(nnx.state(tiny.blocks, nnx.Param))
-    looped = x
+    tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, cfg.vocab_size)
+    p = nnx.to_pure_dict(nnx.state(tiny, nnx.Param))
+    x = p["tok_embed"][tokens] + p["pos_embed"][:8]
     for i in range(cfg.n_layers):
-        looped = M.block(jax.tree.map(lambda p: p[i], stacked), looped)
-    np.testing.assert_allclose(np.asarray(tiny.blocks(x)), np.asarray(looped), atol=1e-6)
+        x = M.block(jax.tree.map(lambda a: a[i], p["blocks"]), x)
+    x = M.layer_norm(x, p["ln_f"]["scale"], p["ln_f"]["bias"])
+    looped = x @ p["tok_embed"].T
+    np.testing.assert_allclose(np.asarray(tiny(tokens)), np.asarray(looped), atol=1e-5)
 
 
 def test_bad_configs_are_refused():

@@ -19,6 +19,8 @@ shard of long ones (`shard_mean_of_means` measures by how much).
 """
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,22 +37,28 @@ def _split_micro_batches(batch: dict, m: int) -> dict:
     return jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
 
 
-def accumulated_value_and_grad(graphdef, micro_batches: int, per_micro, after, like):
+def own_copy(params):
+    """Each device's own copy of replicated parameters, to differentiate locally."""
+    return jax.tree.map(lambda p: lax.pcast(p, AXIS, to="varying"), params)
+
+
+def accumulated_value_and_grad(nll, micro_batches: int, per_micro, after, like, own=own_copy):
     """The gradient function shared by plain DP and ZeRO, run inside shard_map.
 
-    Each device differentiates its own copy of the parameters on its micro-batches, each
-    NLL sum divided by the GLOBAL token count. `per_micro` reduces every micro-batch's
-    gradients as they come (identity, or ZeRO-2's reduce-scatter), `after` reduces their
-    sum once per step (the all-reduce, ZeRO-1's reduce-scatter, or nothing); `like(params)`
-    shapes the accumulator. Returns (global loss, reduced gradients).
+    Each device differentiates `own(params)` (its own copy; ZeRO-3: its slices) on its
+    micro-batches, `nll(params, micro_batch)[0]` (an NLL sum) divided by the GLOBAL token
+    count. `per_micro` reduces every micro-batch's gradients as they come (identity, or
+    ZeRO-2's reduce-scatter), `after` reduces their sum once per step (the all-reduce,
+    ZeRO-1's reduce-scatter, or nothing); `like(params)` shapes the accumulator. Returns
+    (global loss, reduced gradients).
     """
     def grad_fn(params, batch, multiplier):
         count = lax.psum(jnp.sum(batch["mask"]), AXIS)
-        mine = jax.tree.map(lambda p: lax.pcast(p, AXIS, to="varying"), params)
+        mine = own(params)
 
         def micro(acc, mb):
             def f(p):
-                s = nll_and_count(graphdef, p, mb)[0] / count
+                s = nll(p, mb)[0] / count
                 return (s if multiplier is None else s * multiplier), s
             (_, s), g = jax.value_and_grad(f, has_aux=True)(mine)
             return jax.tree.map(jnp.add, acc, (s, per_micro(g))), None
@@ -65,16 +73,19 @@ def accumulated_value_and_grad(graphdef, micro_batches: int, per_micro, after, l
 def dp_value_and_grad(graphdef, micro_batches: int = 1):
     """Plain data parallelism: accumulate whole gradients, then one all-reduce per step."""
     identity = lambda tree: tree  # noqa: E731
-    return accumulated_value_and_grad(graphdef, micro_batches, per_micro=identity,
+    return accumulated_value_and_grad(partial(nll_and_count, graphdef), micro_batches,
+                                      per_micro=identity,
                                       after=lambda g: lax.psum(g, AXIS), like=identity)
 
 
 class ShardedStep:
     """step(state, batch) -> (state, metrics) on a mesh: puts the batch's rows on the dp
-    axis, then runs `jitted`, the compiled shard_map program (lower it to read its HLO)."""
+    axis, then runs `jitted`, the compiled shard_map program (lower it to read its HLO).
+    `full_params(state)` gives whole parameters (ZeRO-3 replaces it: it stores slices)."""
 
     def __init__(self, mesh, jitted):
         self.mesh, self.jitted = mesh, jitted
+        self.full_params = lambda state: state.params
         self.batch_sharding = NamedSharding(mesh, P(AXIS))
 
     def place_batch(self, batch: dict) -> dict:

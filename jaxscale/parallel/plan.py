@@ -85,11 +85,9 @@ class Plan:
         missing = [f"{name}={getattr(self, name)}" for name, default in
                    (("tp", 1), ("pp", 1))
                    if getattr(self, name) != default]
-        if self.zero_stage == 3:
-            missing.append("zero_stage=3")
         if missing:
             raise PlanError(f"not available yet: {', '.join(missing)} (this version implements "
-                            "data parallelism with micro-batches, ZeRO stages 1-2, precision "
+                            "data parallelism with micro-batches, ZeRO stages 1-3, precision "
                             "policies and remat)")
         return self
 

@@ -1,17 +1,28 @@
 """ZeRO: the data-parallel step without the redundant copies, as real sharding on `dp`.
 
 Every parameter tensor is flattened and padded with zeros to a multiple of K (the dp size)
-and cut into K equal slices; device i owns slice i of every tensor. Padding is exact:
-padded entries get zero gradients and zero Adam moments, so they stay zero.
+and cut into K equal slices; device i owns slice i. A block parameter (leading `layers`
+axis, L layers) is flattened per layer, to [L, K*c], so each device owns [L, c]: one
+layer's slices can be gathered on their own. Padding is exact: padded entries get zero
+gradients and zero Adam moments, so they stay zero. Padding, not refusal, is the answer
+to a tensor whose size K does not divide (the tiny model's 4-element head biases at K=8).
 
   stage 1  the optimizer state (and fp32 master weights) exist only as owned slices:
            reduce-scatter the gradients, update the owned slice, all-gather the parameters
   stage 2  the gradients, too, are kept only as owned slices: each micro-batch's gradients
            are reduce-scattered at once and accumulated as slices (with one micro-batch
            stages 1 and 2 are the same program)
+  stage 3  the parameters, too, exist only as slices. The forward pass all-gathers each
+           unit's parameters (embeddings, one block, the head) just before it runs, under
+           `jax.checkpoint`, so the gathered copy is dropped and gathered again in the
+           backward pass. Differentiating all_gather gives psum_scatter: each parameter's
+           gradient arrives already reduce-scattered (see jaxscale.model.forward)
 
-Communication per step equals plain data parallelism: an all-reduce is a reduce-scatter
-followed by an all-gather, and ZeRO only moves the update between the two.
+Communication per step: stages 1 and 2 equal plain data parallelism (an all-reduce is a
+reduce-scatter followed by an all-gather; ZeRO moves the update between the two). Stage 3
+gathers every parameter twice and reduce-scatters its gradient once: 3 x (K-1)/K x Psi
+against DP's 2 x (K-1)/K x Psi, i.e. 1.5 x, less the parameters whose backward pass does
+not need them (an embedding lookup's backward is a scatter-add: it needs no weights).
 
 The optimizer must be elementwise (every state leaf a scalar or shaped like its
 parameter): SGD, momentum, AdaGrad, RMSProp, Adam(W) are; a factored or norm-based one
@@ -20,48 +31,91 @@ would see only a slice and is refused.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale import devices as devlib, precision
+from jaxscale import devices as devlib, model as modellib, precision
+from jaxscale.loss import logits_nll_and_count, nll_and_count
 from jaxscale.parallel.data import AXIS, ShardedStep, accumulated_value_and_grad
+
+STACKED = "blocks"  # the parameter subtree whose leaves carry a leading layers axis
 
 
 class ZeroError(ValueError):
     """An optimizer or plan that ZeRO cannot shard."""
 
 
+def _is_stacked(path) -> bool:
+    return getattr(path[0], "key", None) == STACKED
+
+
+def _padded(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
 class ZeroLayout(precision.Replicated):
     """Flat, padded, K-way sliced copies of the parameters (see the module docstring)."""
 
-    def __init__(self, shapes, k: int):
-        self.shapes, self.k = shapes, k  # shapes: a tree of jax.ShapeDtypeStruct
+    def __init__(self, shapes, k: int, stage: int):
+        self.shapes, self.k, self.stage = shapes, k, stage  # shapes: tree of ShapeDtypeStruct
 
     def flatten(self, tree):
-        """Whole tensors -> flat vectors padded to a multiple of K."""
-        def flat(x):
-            n = x.size
-            return jnp.pad(x.reshape(-1), (0, -(-n // self.k) * self.k - n))
-        return jax.tree.map(flat, tree)
+        """Whole tensors -> [K*c] vectors, or [L, K*c] for block parameters (zero-padded)."""
+        def flat(path, x):
+            rows = x.reshape(x.shape[0], -1) if _is_stacked(path) else x.reshape(-1)
+            n = rows.shape[-1]
+            return jnp.pad(rows, [(0, 0)] * (rows.ndim - 1) + [(0, _padded(n, self.k) - n)])
+        return jax.tree.map_with_path(flat, tree)
 
     def unflatten(self, flat):
-        return jax.tree.map(lambda f, s: f[:math.prod(s.shape)].reshape(s.shape), flat,
-                            self.shapes)
+        """The inverse of flatten (on whole, gathered arrays)."""
+        def whole(f, s):
+            per = math.prod(s.shape[1:]) if f.ndim == 2 else math.prod(s.shape)
+            return f[..., :per].reshape(s.shape)
+        return jax.tree.map(whole, flat, self.shapes)
+
+    @staticmethod
+    def spec(leaf) -> P:
+        """Where a flattened leaf lives: its last axis split over dp; scalars replicated."""
+        return P(*([None] * (leaf.ndim - 1)), AXIS) if leaf.ndim else P()
+
+    def full_params(self, params):
+        """Whole parameters from a state's `params` (for evaluation; runs outside shard_map)."""
+        return self.unflatten(params) if self.stage == 3 else params
 
     # the rest runs inside shard_map, on one device's view
     def target(self, params):
+        if self.stage == 3:  # the working parameters are already this device's slices
+            return params
         i = lax.axis_index(AXIS)
-        return jax.tree.map(lambda f: lax.dynamic_slice_in_dim(f, i * (f.size // self.k),
-                                                               f.size // self.k),
+        return jax.tree.map(lambda f: lax.dynamic_slice_in_dim(f, i * (f.shape[-1] // self.k),
+                                                               f.shape[-1] // self.k, axis=-1),
                             self.flatten(params))
 
     def params(self, updated):
-        gathered = jax.tree.map(lambda s: lax.all_gather(s, AXIS, tiled=True, to="invarying"),
-                                updated)
+        if self.stage == 3:
+            return updated
+        gathered = jax.tree.map(
+            lambda s: lax.all_gather(s, AXIS, axis=s.ndim - 1, tiled=True, to="invarying"),
+            updated)
         return self.unflatten(gathered)
+
+    def fetch(self, unit, layer: bool):
+        """Stage 3: one unit's slices -> its whole tensors (`layer`: one block's, [c] each).
+
+        all_gather returns a "varying" value, so its transpose in the backward pass is a
+        psum_scatter: the gradient of a slice is the sum over devices of that slice.
+        """
+        shapes = self.shapes[STACKED] if layer else {name: self.shapes[name] for name in unit}
+
+        def whole(s, shape):
+            dims = shape.shape[1:] if layer else shape.shape
+            return lax.all_gather(s, AXIS, tiled=True)[:math.prod(dims)].reshape(dims)
+        return jax.tree.map(whole, unit, shapes)
 
     def all_finite(self, flag):
         return lax.pmin(flag.astype(jnp.int32), AXIS).astype(bool)
@@ -73,20 +127,30 @@ class ZeroLayout(precision.Replicated):
         return jnp.sqrt(lax.psum(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(tree)), AXIS))
 
 
-def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, stage: int):
+def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat: str = "none"):
     """grad_fn for precision.make_step: (global loss, this device's slice of the gradients).
 
     Stage 1 accumulates whole gradients and reduce-scatters them once; stage 2
-    reduce-scatters every micro-batch's gradients at once and accumulates only slices.
+    reduce-scatters every micro-batch's gradients at once and accumulates only slices;
+    stage 3 differentiates the slices themselves (the gathers' transposes scatter).
     """
-    def scatter(grads):  # sum over devices, keep my slice: the reduce-scatter
-        return jax.tree.map(lambda f: lax.psum_scatter(f, AXIS, tiled=True), layout.flatten(grads))
-
     identity = lambda tree: tree  # noqa: E731
-    if stage >= 2:
-        return accumulated_value_and_grad(graphdef, micro_batches, per_micro=scatter,
+    if layout.stage == 3:
+        def nll(slices, mb):
+            logits = modellib.forward(slices, mb["tokens"], remat, fetch=layout.fetch)
+            return logits_nll_and_count(logits, mb)
+        return accumulated_value_and_grad(nll, micro_batches, per_micro=identity,
+                                          after=identity, like=identity, own=identity)
+
+    def scatter(grads):  # sum over devices, keep my slice: the reduce-scatter
+        return jax.tree.map(lambda f: lax.psum_scatter(f, AXIS, scatter_dimension=f.ndim - 1,
+                                                       tiled=True), layout.flatten(grads))
+
+    nll = partial(nll_and_count, graphdef)
+    if layout.stage == 2:
+        return accumulated_value_and_grad(nll, micro_batches, per_micro=scatter,
                                           after=identity, like=layout.target)
-    return accumulated_value_and_grad(graphdef, micro_batches, per_micro=identity,
+    return accumulated_value_and_grad(nll, micro_batches, per_micro=identity,
                                       after=scatter, like=identity)
 
 
@@ -100,25 +164,23 @@ def _check_elementwise(opt_state, target) -> None:
 
 
 def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, devices=None):
-    """(init, step) for plan.zero_stage in (1, 2) on a dp mesh."""
+    """(init, step) for plan.zero_stage in (1, 2, 3) on a dp mesh."""
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = devlib.make_mesh(plan.mesh_shape, devices)
-    layout = ZeroLayout(param_shapes, plan.dp)
+    layout = ZeroLayout(param_shapes, plan.dp, plan.zero_stage)
     update = precision.make_step(
         graphdef, optimizer, pol, jit=False, layout=layout,
-        grad_fn=zero_value_and_grad(graphdef, layout, plan.micro_batches, plan.zero_stage))
-    sliced = lambda tree: jax.tree.map(lambda x: P(AXIS) if x.ndim else P(), tree)  # noqa: E731
-
-    def specs(state: precision.TrainState) -> precision.TrainState:
-        return precision.TrainState(jax.tree.map(lambda _: P(), state.params),
-                                    sliced(state.master), sliced(state.opt_state), P(), P(), P())
+        grad_fn=zero_value_and_grad(graphdef, layout, plan.micro_batches, plan.remat))
 
     def fresh_state(params32):
-        return precision.init_state(params32, optimizer, pol, arrange=layout.flatten)
+        return precision.init_state(params32, optimizer, pol, arrange=layout.flatten,
+                                    arrange_params=plan.zero_stage == 3)
 
     abstract = jax.eval_shape(fresh_state, param_shapes)
     _check_elementwise(abstract.opt_state, jax.eval_shape(layout.flatten, param_shapes))
-    state_specs = specs(abstract)
+    state_specs = jax.tree.map(layout.spec, abstract)
+    if plan.zero_stage < 3:  # the working parameters stay whole on every device
+        state_specs = state_specs._replace(params=jax.tree.map(lambda _: P(), abstract.params))
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs)
 
     def init(params32):
@@ -126,4 +188,37 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
 
     compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(state_specs, P(AXIS)),
                                      out_specs=(state_specs, P())))
-    return init, ShardedStep(mesh, compiled)
+    step = ShardedStep(mesh, compiled)
+    step.full_params = jax.jit(lambda state: layout.full_params(state.params))
+    return init, step
+
+
+# Stage 3's traffic, tensor by tensor. A gather runs where a unit uses a tensor: in the
+# forward pass once per unit that uses it, and in the backward pass once per unit whose
+# backward needs its value; every forward gather's transpose is one reduce-scatter.
+# The textbook 1.5 x DP assumes 2 gathers and 1 reduce-scatter for every tensor; ours differ:
+FORWARD_UNITS = {"tok_embed": 2}  # the tied table: the embedding lookup and the output head
+BACKWARD_UNITS = {
+    "tok_embed": 1,  # the head's backward needs E; the lookup's backward is a scatter-add
+    "pos_embed": 0,  # an added embedding: its backward needs no weights
+    "b2": 0,  # the block's last bias feeds only the saved block output: nothing recomputes it
+}
+
+
+def stage3_ring_bytes(shapes, k: int, itemsize: int) -> dict[str, float]:
+    """Predicted bytes one device sends per step under ZeRO-3 (ring collectives, one
+    micro-batch), next to the textbook's 3 x (K-1)/K x Psi and DP's 2 x (K-1)/K x Psi."""
+    ring = (k - 1) / k
+    out = {"all_gather": 0.0, "reduce_scatter": 0.0, "textbook": 0.0, "dp": 0.0}
+    for path, s in jax.tree_util.tree_leaves_with_path(shapes):
+        name = path[-1].key if path[-1].key not in ("scale", "bias") else None
+        layers = s.shape[0] if _is_stacked(path) else 1
+        n = math.prod(s.shape) // layers
+        padded = ring * _padded(n, k) * itemsize * layers
+        fwd, bwd = FORWARD_UNITS.get(name, 1), BACKWARD_UNITS.get(name, 1)
+        out["all_gather"] += (fwd + bwd) * padded
+        out["reduce_scatter"] += fwd * padded
+        out["textbook"] += 3 * padded
+        out["dp"] += 2 * ring * n * layers * itemsize
+    out["total"] = out["all_gather"] + out["reduce_scatter"]
+    return out

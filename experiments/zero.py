@@ -1,0 +1,279 @@
+"""Lecture 13 §5 and exercise 2; day-4 §4.1-4.2 and §5.2: ZeRO and recomputation, for real.
+
+    python -m experiments.zero [--out runs/zero] [--parts abcde] [--json]
+
+Runs on 8 host-CPU devices (forced here, before JAX starts); ZeRO runs use 4 of them.
+
+a. the ZeRO paper's per-device table (Psi = 7.5B, K = 64), mixed-precision and fp32 Adam
+b. 40 AdamW steps on 4 devices: DP and ZeRO 1, 2, 3 against the single device; optimizer
+   state per device; bytes each device sends per step, read from the HLO; step time
+c. per-device memory of the compiled steps next to the closed forms 16, 4 + 12/K, 2 + 14/K,
+   16/K bytes per parameter (bf16 policy) and 16, 4 + 12/K ... (fp32)
+d. activations: Korthikanti et al.'s table for 32 layers, h = 4096, 32 heads, 8 x 2048 tokens,
+   then our model's saved residuals, measured, next to the same formula; remat's cost
+e. exercise 2: a 70B model's model states, on 64 devices, and the fewest 80 GB devices
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from jaxscale.devices import force_cpu_devices
+
+N_DEVICES, K, STEPS, BATCH = 8, 4, 40, 32
+if __name__ == "__main__":
+    force_cpu_devices(N_DEVICES)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax._src.ad_checkpoint import saved_residuals  # noqa: E402  (what print_saved_residuals prints)
+
+from experiments._runner import log, run_experiment  # noqa: E402
+from jaxscale import costmodel as cm, garden, measure, model as M, optim, precision  # noqa: E402
+from jaxscale.loss import loss_fn  # noqa: E402
+from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.parallel.zero import stage3_ring_bytes  # noqa: E402
+from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
+from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
+
+GB = 1e9
+BK = "['blocks']['bk']"
+
+
+class Lab:
+    def __init__(self, seed: int = 0):
+        if len(jax.devices()) != N_DEVICES:
+            raise SystemExit(f"needs {N_DEVICES} devices, JAX has {len(jax.devices())}: run it "
+                             "as python -m experiments.zero")
+        self.cfg = M.preset("tiny")
+        self.graphdef, self.params0, _ = init_state(TrainConfig(seed=seed))
+        it = garden.make_corpus(seed).train_batches(BATCH, seed=seed)
+        self.batches = [as_arrays(next(it)) for _ in range(STEPS)]
+        self.n = M.param_count(self.cfg)
+        self.shapes = nnx.to_pure_dict(nnx.state(M.abstract(self.cfg), nnx.Param))
+
+
+def part_a(lab: Lab, out: Path) -> dict:
+    psi, k = 7.5e9, 64
+    rows, res = [], {}
+    for stage, name in enumerate(["DP (baseline)", "ZeRO-1 (P_os)", "ZeRO-2 (P_os+g)",
+                                  "ZeRO-3 (P_os+g+p)"]):
+        mixed = cm.model_state_bytes(psi, k, stage, "mixed")
+        fp32 = cm.model_state_bytes(psi, k, stage, "fp32")
+        res[stage] = {"mixed_gb": mixed["total"] / GB, "fp32_gb": fp32["total"] / GB}
+        rows.append([name, mixed["params"] / GB, mixed["grads"] / GB, mixed["optimizer"] / GB,
+                     mixed["total"] / GB, fp32["total"] / GB])
+    print_table(f"a. model states per device, Psi = {psi:.3g}, K = {k} (GB = 1e9 bytes)",
+                ["stage", "params", "grads", "optimizer", "total (2/2/12 B)", "total fp32 (4/4/8)"],
+                rows)
+    return res
+
+
+def _run(lab: Lab, plan: Plan, opt=None):
+    init, step = build_train_step(lab.cfg, plan, opt or optim.adamw(3e-3),
+                                  jax.devices()[:plan.n_devices])
+    state, losses = init(lab.params0), []
+    for b in lab.batches:
+        state, m = step(state, b)
+        losses.append(float(m["loss"]))
+    return state, losses, step
+
+
+def _on_device_0(tree) -> int:
+    return sum(s.data.nbytes for x in jax.tree.leaves(tree) if x.ndim
+               for s in x.addressable_shards if s.device == jax.devices()[0])
+
+
+def _rel(a, b, skip=()) -> float:
+    scale = max(float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(b))
+    return max(float(jnp.max(jnp.abs(x - y))) for (p, x), y in
+               zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b))
+               if jax.tree_util.keystr(p) not in skip) / scale
+
+
+def part_b(lab: Lab, out: Path) -> dict:
+    _, single, _ = _run(lab, Plan())
+    runs = {stage: _run(lab, Plan(dp=K, zero_stage=stage)) for stage in range(4)}
+    dp_params = runs[0][2].full_params(runs[0][0])
+    batch = runs[0][2].place_batch(lab.batches[0])
+    rows, res = [], {}
+    dp_sent = None
+    for stage, (state, losses, step) in runs.items():
+        hlo = step.jitted.lower(state, step.place_batch(lab.batches[0])).as_text(dialect="hlo")
+        sent = measure.ring_bytes_sent(hlo, K)
+        dp_sent = dp_sent or sent
+        t = measure.step_seconds(lambda s=step, st=state: s.jitted(st, batch)[1]["loss"],
+                                 repeats=15)
+        whole = step.full_params(state)
+        r = {"loss_rel_vs_single": max(abs(a - b) / b for a, b in zip(losses, single)),
+             "params_rel_vs_dp": _rel(whole, dp_params, skip=(BK,)),
+             "bk_rel_vs_dp": _rel({"b": whole["blocks"]["bk"]}, {"b": dp_params["blocks"]["bk"]})
+             * float(jnp.max(jnp.abs(dp_params["blocks"]["bk"])))
+             / max(float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(dp_params)),
+             "opt_state_bytes": _on_device_0(state.opt_state),
+             "param_bytes": _on_device_0(state.params), "ring_bytes_sent": sent,
+             "ratio_to_dp_bytes": sent / dp_sent, "step_ms": t["median_s"] * 1e3}
+        res[stage] = r
+    for stage, r in res.items():
+        r["step_ratio_to_dp"] = r["step_ms"] / res[0]["step_ms"]
+        rows.append([f"{'DP' if stage == 0 else f'ZeRO-{stage}'}", f"{r['loss_rel_vs_single']:.1e}",
+                     f"{r['params_rel_vs_dp']:.1e}", f"{r['bk_rel_vs_dp']:.1e}",
+                     f"{r['opt_state_bytes']:,}", f"{r['param_bytes']:,}",
+                     f"{r['ring_bytes_sent']:,}", f"{r['ratio_to_dp_bytes']:.3f}",
+                     f"{r['step_ratio_to_dp']:.2f}"])
+    print_table(f"b. {STEPS} AdamW steps on {K} devices, {lab.n:,} parameters (per device)",
+                ["strategy", "max rel loss vs 1 device", "params vs DP (but bk)", "bk vs DP",
+                 "optimizer state B", "param B", "bytes sent/step", "x DP", "step time x DP"],
+                rows)
+    predicted3 = stage3_ring_bytes(lab.shapes, K, 4)
+    formulas = {"opt_state_dp": 8 * lab.n, "opt_state_zero": 8 * lab.n // K,
+                "lecture_28672_params": [8 * 28672, 8 * 28672 // K],
+                "dp_ring_bytes": cm.ring_all_reduce_bytes(4 * lab.n, K),
+                "stage3_census": predicted3, "stage3_textbook_ratio": 1.5}
+    print(f"  optimizer state, Adam 8 B/param: DP {formulas['opt_state_dp']:,} -> ZeRO "
+          f"{formulas['opt_state_zero']:,} (the lecture's 28,672-parameter model: "
+          f"{formulas['lecture_28672_params'][0]:,} -> {formulas['lecture_28672_params'][1]:,})")
+    print(f"  bytes/step: DP ring all-reduce 2(K-1)/K x 4 x Psi = {formulas['dp_ring_bytes']:,.0f};"
+          f" ZeRO-3 census {predicted3['total']:,.0f} = {predicted3['total'] / predicted3['dp']:.3f}"
+          f" x DP (textbook 3(K-1)/K x 4 x Psi = {predicted3['textbook']:,.0f} = 1.5 x): the tied "
+          "embedding is gathered by two units, pos_embed and b2 are not needed in backward")
+    return {"runs": res, "formulas": formulas}
+
+
+def _model_states(lab: Lab, plan: Plan) -> dict:
+    """Per-device model-state bytes of the compiled step: its arguments less the batch (XLA's
+    memory analysis), plus the gradient accumulator the program carries (XLA counts that
+    among the temporaries, so its size is read from the program's shapes instead)."""
+    init, step = build_train_step(lab.cfg, plan, optim.adamw(3e-3), jax.devices()[:plan.n_devices])
+    state = init(lab.params0)
+    batch = step.place_batch(lab.batches[0])
+    compiled = step.jitted.lower(state, batch).compile()
+    mem = measure.memory(compiled)
+    batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch)) // plan.dp
+    pol = precision.policy(plan.precision)
+    itemsize = np.dtype(pol.compute_dtype).itemsize
+    sliced = plan.zero_stage >= 2
+    grads = sum(-(-int(np.prod(s.shape)) // plan.dp) * itemsize if sliced
+                else int(np.prod(s.shape)) * itemsize for s in jax.tree.leaves(lab.shapes))
+    states = mem["arguments"] - batch_bytes
+    return {"states_in_arguments": states, "grads": grads, "total": states + grads,
+            "temporaries": mem["temporaries"]}
+
+
+def part_c(lab: Lab, out: Path) -> dict:
+    rows, res = [], {}
+    for prec, formula_kind in (("bf16", "mixed"), ("fp32", "fp32")):
+        for stage in range(4):
+            m = _model_states(lab, Plan(dp=K, zero_stage=stage, precision=prec))
+            f = cm.model_state_bytes(lab.n, K, stage, formula_kind)["total"]
+            r = {**m, "formula": f, "rel_diff": (m["total"] - f) / f}
+            res[f"{prec}_stage{stage}"] = r
+            rows.append([prec, stage, f"{m['states_in_arguments']:,}", f"{m['grads']:,}",
+                         f"{m['total']:,}", f"{f:,.0f}", f"{f / lab.n:.1f}",
+                         f"{r['rel_diff']:+.4%}", f"{m['temporaries']:,}"])
+    print_table(f"c. model states per device, K = {K}, {lab.n:,} parameters", [
+        "policy", "ZeRO", "state args B", "grads B", "measured B", "formula B", "B/param",
+        "diff", "XLA temporaries B"], rows)
+    print("  the remainder: Adam's step count, the loss scale and the skip counters "
+          "(4-byte scalars) ride in the arguments; no tensor of this model needs padding at K=4")
+    return res
+
+
+def _residuals(lab: Lab, remat: str, batch) -> dict:
+    graphdef = nnx.graphdef(M.abstract(lab.cfg, remat=remat))
+    res = saved_residuals(lambda p: loss_fn(graphdef, p, batch), lab.params0)
+    b, s = batch["tokens"].shape
+    h, a, L = lab.cfg.d_model, lab.cfg.n_heads, lab.cfg.n_layers
+    sbh, as2b = s * b * h, a * s * s * b
+    layers = [av for av, why in res if av.ndim >= 1 and av.shape[0] == L]
+    maps = [av for av in layers if av.shape[-2:] == (s, s)]  # [L, b, a, s, s]: attention maps
+    return {"total_bytes": sum(av.size * av.dtype.itemsize for av, _ in res),
+            "per_layer_bytes": sum(av.size * av.dtype.itemsize for av in layers) / L,
+            "sbh_tensors_per_layer": sum(av.size for av in layers if av.shape[1:3] == (b, s))
+            / (L * sbh),  # [L, b, s, ...]: per-token activations
+            "as2b_tensors_per_layer": sum(av.size for av in maps) / (L * as2b), "s": s, "b": b}
+
+
+def part_d(lab: Lab, out: Path) -> dict:
+    L, h, a, b, s = 32, 4096, 32, 8, 2048
+    per = cm.activation_bytes_per_layer(s, b, h, a)
+    table = {"per_layer_gb": per / GB, "total_gb": cm.activation_bytes(L, s, b, h, a) / GB,
+             "flash_per_layer_gb": cm.activation_bytes_per_layer(s, b, h, a, True) / GB,
+             "recompute_gb": cm.activation_bytes(L, s, b, h, a, recompute=True) / GB,
+             "flash_recompute_gb": cm.activation_bytes(L, s, b, h, a, True, True) / GB}
+    print_table(f"d. activations, {L} layers, h={h}, {a} heads, {b}x{s} tokens, 16-bit (GB)",
+                ["quantity", "GB"], [[k, v] for k, v in table.items()])
+    batch = as_arrays(next(garden.make_corpus(0).train_batches(128)))
+    ours, rows = {}, []
+    for remat in M.REMAT_POLICIES:
+        r = _residuals(lab, remat, batch)
+        graphdef = nnx.graphdef(M.abstract(lab.cfg, remat=remat))
+        grad = jax.jit(jax.grad(lambda p, bt, g=graphdef: loss_fn(g, p, bt)))
+        compiled = grad.lower(lab.params0, batch).compile()
+        r["temporaries"] = measure.memory(compiled)["temporaries"]
+        r["flops"] = compiled.cost_analysis()["flops"]
+        r["grad_ms"] = measure.step_seconds(compiled, lab.params0, batch, repeats=9)["median_s"] * 1e3
+        ours[remat] = r
+    s_, b_, h_, a_ = ours["none"]["s"], ours["none"]["b"], lab.cfg.d_model, lab.cfg.n_heads
+    # Korthikanti et al. count 16-bit tensors and 1-byte dropout masks; we train in fp32 with
+    # no dropout: 2 x (34 - 2 masks) s*b*h + 2 x (5 - 3: mask and dropout output) a*s*s*b
+    formula = 2 * (32 * s_ * b_ * h_ + 2 * a_ * s_ * s_ * b_)  # = 4 B x (16 sbh + 1 as^2b)
+    for remat, r in ours.items():
+        r["overhead_vs_none"] = r["grad_ms"] / ours["none"]["grad_ms"]
+        r["flops_vs_none"] = r["flops"] / ours["none"]["flops"]
+        rows.append([remat, f"{r['per_layer_bytes']:,.0f}", f"{r['sbh_tensors_per_layer']:.1f}",
+                     f"{r['as2b_tensors_per_layer']:.1f}", f"{r['total_bytes']:,}",
+                     f"{r['temporaries']:,}", f"{r['flops_vs_none']:.2f}",
+                     f"{r['overhead_vs_none']:.2f}"])
+    print_table(f"   our model, {b_} documents x {s_} positions, fp32: residuals kept for backward "
+                "(measured by jax's saved_residuals)",
+                ["remat", "per layer B", "s*b*h tensors", "a*s*s*b tensors", "all residuals B",
+                 "XLA temporaries B", "FLOPs x none", "time x none"], rows)
+    print(f"  formula per layer, fp32 and no dropout: 4 B x (16 s*b*h + 1 a*s*s*b) = {formula:,.0f} B;"
+          f" measured {ours['none']['per_layer_bytes']:,.0f} B. JAX keeps the tanh-GELU's "
+          "intermediates (several 4h-wide tensors where the formula counts 2) and the scores both "
+          "before and after softmax; 'matmuls' keeps only matmul outputs, 'full' only each "
+          "block's input. FLOPs (XLA's cost analysis) show the recomputation: +1 forward "
+          "of each block is +1/3 of its work, less here because the head and loss are not "
+          "recomputed; time on this 2-core CPU is noisy and memory-bound, so it need not follow")
+    return {"lecture_table": table, "ours": ours, "formula_per_layer_fp32_no_dropout": formula}
+
+
+def part_e(lab: Lab, out: Path) -> dict:
+    psi = 70e9
+    total = cm.model_state_bytes(psi, 1, 0, "mixed")["total"]
+    on64 = cm.model_state_bytes(psi, 64, 3, "mixed")["total"]
+    fewest = int(np.ceil(total / 80e9))
+    print_table("e. exercise 2: 70B parameters, mixed-precision Adam", ["quantity", "value"], [
+        ["model states in all (16 B/param)", f"{total / GB:,.0f} GB"],
+        ["per device, ZeRO-3 on 64", f"{on64 / GB:.1f} GB"],
+        ["fewest 80 GB devices for model states alone", fewest],
+        ["...but activations, gathered layers, buffers and compute", "need far more"]])
+    fig, ax = pyplot().subplots(figsize=(6, 3.2))
+    ks = [8, 16, 32, 64, 128, 256]
+    for stage in range(4):
+        ax.plot(ks, [cm.model_state_bytes(psi, k, stage)["total"] / GB for k in ks], "o-",
+                label="DP" if stage == 0 else f"ZeRO-{stage}")
+    ax.axhline(80, color="k", ls="--", lw=0.8, label="80 GB device")
+    ax.set(xscale="log", yscale="log", xlabel="data-parallel devices K",
+           ylabel="model states per device (GB)", title="70B, mixed-precision Adam")
+    ax.legend(fontsize=7)
+    save_figure(fig, out / "zero_70b.png")
+    return {"total_gb": total / GB, "zero3_on_64_gb": on64 / GB, "fewest_80gb_devices": fewest}
+
+
+PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}
+TITLES = {"a": "the ZeRO paper's table", "b": f"{STEPS} steps on {K} devices, stages 0-3",
+          "c": "compiled memory vs formulas", "d": "activations and recomputation",
+          "e": "exercise 2 (70B)"}
+
+
+def main(argv=None) -> int:
+    log(f"{len(jax.devices())} {jax.devices()[0].platform} devices")
+    return run_experiment("zero", __doc__, PARTS, TITLES, Lab, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""`jaxscale schedule`: simulate a pipeline schedule, draw it and measure its bubble.
+
+    jaxscale schedule --stages 4 --micro-batches 4 --schedule gpipe
+    jaxscale schedule --stages 4 --micro-batches 8 --schedule interleaved --virtual 2 --json
+
+Pure Python (jaxscale.parallel.schedule); JAX is never started.
+"""
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+from jaxscale.cli import _number
+from jaxscale.parallel import schedule as sched
+
+
+def register(subparsers) -> None:
+    """Add the `schedule` subcommand to jaxscale's parser."""
+    p = subparsers.add_parser(
+        "schedule", help="simulate a pipeline schedule and measure its bubble", description=(
+            "Simulate one training step of a pipeline (forwards and backwards of every "
+            "micro-batch on every stage, each action waiting for its inputs), print it as a "
+            "chart, and report the measured idle fraction next to the textbook formula and "
+            "the activations each device holds at its peak."))
+    p.add_argument("--stages", type=_number(), default=4, metavar="P",
+                   help="pipeline stages p, one per device (default 4)")
+    p.add_argument("--micro-batches", type=_number(), default=4, metavar="M",
+                   help="micro-batches m per step (default 4)")
+    p.add_argument("--schedule", default="1f1b", metavar="NAME",
+                   help=f"one of {', '.join(sched.SCHEDULES)} (default 1f1b)")
+    p.add_argument("--virtual", type=_number(), default=None, metavar="V",
+                   help="model chunks per device, interleaved only (default 2 there, else 1)")
+    p.add_argument("--forward-cost", type=_number(float, 0, exclusive=True), default=1.0,
+                   metavar="T", help="time of one stage's forward (default 1)")
+    p.add_argument("--backward-cost", type=_number(float, 0, exclusive=True), default=2.0,
+                   metavar="T", help="time of one stage's backward (default 2)")
+    p.add_argument("--png", default=None, metavar="PATH", help="also write a Gantt chart PNG")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object with every figure instead of the chart")
+    p.set_defaults(run=_cmd_schedule)
+
+
+def _show(x: Fraction) -> str:
+    return str(x) if x.denominator == 1 else f"{x} = {float(x):.4f}"
+
+
+def _cmd_schedule(args) -> int:
+    name, p, m = args.schedule, args.stages, args.micro_batches
+    v = args.virtual if args.virtual is not None else (2 if name == "interleaved" else 1)
+    if v > 1 and name in sched.SCHEDULES and name != "interleaved":
+        raise sched.ScheduleError(f"--virtual {v} needs --schedule interleaved; {name} runs "
+                                  "one model chunk per device")
+    orders = sched.stage_orders(name, p, m, v)
+    tl = sched.simulate(orders, p, m, v, args.forward_cost, args.backward_cost)
+    formula_text = "(p-1)/(v*m+p-1)" if v > 1 else "(p-1)/(m+p-1)"
+    formula, measured = sched.bubble_fraction(name, p, m, v), tl.idle_fraction
+    chart = sched.text_chart(tl)
+    if args.png:
+        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
+        sched.gantt_png(tl, args.png, title=f"{name}, p={p}, m={m}, v={v}: idle "
+                                            f"{float(measured):.1%}, formula {float(formula):.1%}")
+    if args.json:
+        print(json.dumps({
+            "schedule": name, "stages": p, "micro_batches": m, "virtual": v,
+            "forward_cost": args.forward_cost, "backward_cost": args.backward_cost,
+            "makespan": float(tl.makespan), "busy": [float(b) for b in tl.busy],
+            "idle_fraction": float(measured), "idle_fraction_exact": str(measured),
+            "formula": formula_text, "formula_idle_fraction": float(formula),
+            "formula_idle_fraction_exact": str(formula), "matches_formula": measured == formula,
+            "peak_in_flight": tl.peak_in_flight,
+            "orders": [[a.label(v) for a in order] for order in orders],
+            "timeline": [[{"start": float(s), "end": float(e), "kind": a.kind,
+                           "micro_batch": a.micro_batch, "chunk": a.chunk} for s, e, a in row]
+                         for row in tl.rows],
+            "chart": chart, "png": args.png}))
+        return 0
+    what = "micro-batches" if v == 1 else f"chunk activations (each 1/{v} of a device's layers)"
+    print(f"{name}: p={p} stages, m={m} micro-batches, v={v} chunk{'s' * (v > 1)} per device; "
+          f"forward {args.forward_cost:g}, backward {args.backward_cost:g} per stage"
+          + ("; F3b = micro-batch 3 on chunk b" if v > 1 else ""))
+    print(chart)
+    print(f"makespan {_show(tl.makespan)}, busy {_show(tl.busy[0])} per device")
+    print(f"idle fraction: measured {_show(measured)}; formula {formula_text} = {_show(formula)}"
+          f" ({'equal' if measured == formula else 'DIFFERENT'})")
+    print(f"peak in-flight {what} per device: {' '.join(map(str, tl.peak_in_flight))}"
+          + (f" (GPipe holds all m={m} on every device)" if name == "1f1b" else ""))
+    if args.png:
+        print(f"Gantt chart in {args.png}")
+    return 0
+

@@ -1,0 +1,300 @@
+"""Pipeline schedules as data, and an event-driven simulator that measures their bubble.
+
+A pipeline cuts the model's layers into p stages, one per device, and the batch into m
+micro-batches. For every micro-batch each device runs a forward (F) and, later, a backward
+(B) of its stage. A *schedule* is only the order in which each device runs those actions:
+
+  gpipe        all m forwards, then all m backwards (Huang et al. 2019).
+  1f1b         PipeDream-flush (Narayanan et al. 2021): device s runs min(p-s-1, m) warm-up
+               forwards, then alternates one forward and one backward, then drains the
+               backwards left. Same bubble as GPipe, but at most p micro-batches hold
+               activations at once instead of m.
+  interleaved  Megatron-LM's interleaved 1F1B: each device holds v model chunks, the
+               virtual stages s, s+p, ..., s+(v-1)p, so the pipeline has v*p stages, each
+               1/v as long, and the bubble shrinks v-fold: (p-1)/(v*m+p-1).
+
+Dependencies, with virtual stage k = chunk*p + device and V = v*p virtual stages:
+    F(j, k) needs F(j, k-1);   B(j, k) needs B(j, k+1);   B(j, V-1) needs F(j, V-1).
+`simulate` runs each device's order strictly in sequence: an action starts once its device
+has finished the previous one and its dependencies are done. Nothing is left to choose, so
+this is what an event-driven simulation, or a real executor with blocking send/receive
+between neighbouring stages, does; an order that would deadlock is refused. Communication
+is free here: the bubble comes from the dependencies alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from itertools import accumulate
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+MAX_CHART_COLUMNS = 5000
+
+
+class ScheduleError(ValueError):
+    """A schedule name, size or order that cannot run; the message says what would."""
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    """One unit of pipeline work: kind "F" or "B" of micro-batch j on chunk c of device s."""
+
+    kind: str
+    micro_batch: int
+    chunk: int
+    stage: int  # the device (pipeline rank); its virtual stage is chunk * p + stage
+
+    def virtual_stage(self, p: int) -> int:
+        """Position of this chunk in the whole pipeline of v*p virtual stages."""
+        return self.chunk * p + self.stage
+
+    def label(self, v: int = 1) -> str:
+        """Short name: F3 for micro-batch 3's forward; with v > 1 chunks, F3a, F3b, ..."""
+        return f"{self.kind}{self.micro_batch}" + (chr(ord("a") + self.chunk) if v > 1 else "")
+
+
+def _check_counts(p, m, v) -> None:  # positive integers, not bools
+    for name, value in (("stages p", p), ("micro-batches m", m), ("virtual chunks v", v)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ScheduleError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _exact(value) -> Fraction:
+    """A number as an exact Fraction; a float means its decimal text (0.1 is 1/10)."""
+    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def check_sizes(schedule: str, p: int, m: int, v: int = 1) -> None:
+    """Raise ScheduleError unless `schedule` can run p stages, m micro-batches, v chunks."""
+    if schedule not in SCHEDULES:
+        raise ScheduleError(f"unknown pipeline schedule {schedule!r}; choose from "
+                            f"{', '.join(SCHEDULES)}")
+    _check_counts(p, m, v)
+    if schedule != "interleaved" and v != 1:
+        raise ScheduleError(f"{schedule} runs one chunk per device, got v={v}; "
+                            "use the interleaved schedule for v > 1")
+    if schedule == "interleaved":
+        if v < 2:
+            raise ScheduleError("interleaved needs v >= 2 model chunks per device, got v=1 "
+                                "(with one chunk per device use 1f1b)")
+        if m % p:
+            raise ScheduleError(f"interleaved needs the micro-batches m to be a multiple of the "
+                                f"stages p (as in Megatron-LM), got m={m}, p={p}; try "
+                                f"m={m + p - m % p}")
+
+
+def stage_orders(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
+    """For each of the p devices, the order in which it runs its forwards and backwards.
+
+    Every device runs F and B once for each (micro-batch, chunk), and running each list
+    in sequence with blocking transfers between stages never deadlocks (`simulate` checks).
+    """
+    check_sizes(schedule, p, m, v)
+    orders = []
+    for s in range(p):
+        if schedule == "gpipe":
+            orders.append([Action(kind, j, 0, s) for kind in "FB" for j in range(m)])
+        else:
+            # 1f1b: the last stage runs its first backward right after its first forward;
+            # stage s first fills the p-s-1 stages behind it. Interleaved: Megatron-LM's
+            # count, v-1 rounds of p forwards on the earlier chunks plus 2(p-s-1).
+            warmup = p - s - 1 if schedule == "1f1b" else 2 * (p - s - 1) + (v - 1) * p
+            orders.append(_one_forward_one_backward(s, p, m, v, min(warmup, m * v)))
+    return orders
+
+
+def _one_forward_one_backward(s: int, p: int, m: int, v: int, warmup: int) -> list[Action]:
+    """Warm-up forwards, then alternate F and B, then the remaining backwards."""
+
+    def nth(k: int, kind: str) -> Action:
+        # Work comes in groups of p micro-batches: chunk 0 for all of them, then chunk 1,
+        # ... Forwards visit the chunks first to last, backwards last to first.
+        group, i = divmod(k, p * v)
+        chunk = i // p if kind == "F" else v - 1 - i // p
+        return Action(kind, group * p + i % p, chunk, s)
+
+    total = m * v
+    order = [nth(k, "F") for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [nth(warmup + k, "F"), nth(k, "B")]
+    return order + [nth(k, "B") for k in range(total - warmup, total)]
+
+
+def dependencies(action: Action, p: int, v: int) -> list[Action]:
+    """The actions (on any device) that must finish before `action` can start."""
+    k, last, j = action.virtual_stage(p), v * p - 1, action.micro_batch
+    if action.kind == "F":
+        return [] if k == 0 else [Action("F", j, (k - 1) // p, (k - 1) % p)]
+    if k == last:
+        return [Action("F", j, action.chunk, action.stage)]
+    return [Action("B", j, (k + 1) // p, (k + 1) % p)]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What each device ran and when: rows[s] is a list of (start, end, Action); times exact."""
+
+    p: int
+    m: int
+    v: int
+    rows: list[list[tuple[Fraction, Fraction, Action]]]
+
+    @property
+    def makespan(self) -> Fraction:
+        """Time from the first forward to the last backward."""
+        return max(end for row in self.rows for _, end, _ in row)
+
+    @property
+    def busy(self) -> list[Fraction]:
+        """Per device, the time spent computing."""
+        return [sum((end - start for start, end, _ in row), Fraction(0)) for row in self.rows]
+
+    @property
+    def idle_fraction(self) -> Fraction:
+        """The bubble: total idle time / (p x makespan)."""
+        return 1 - sum(self.busy) / (self.p * self.makespan)
+
+    @property
+    def peak_in_flight(self) -> list[int]:
+        """Per device, the most forwards done whose backward is not: activations held.
+
+        With v > 1 this counts chunk activations, each 1/v of the device's layers.
+        """
+        return [max(accumulate(1 if a.kind == "F" else -1 for _, _, a in row), default=0)
+                for row in self.rows]
+
+
+def simulate(orders: list[list[Action]], p: int, m: int, v: int = 1,
+             f_cost=1.0, b_cost=2.0) -> Timeline:
+    """Run each device's order: an action starts when its device is free and its inputs are.
+
+    f_cost and b_cost are a full stage's forward and backward times; a chunk takes 1/v of
+    them. Raises ScheduleError if an order misses or repeats work, or would deadlock.
+    """
+    _check_counts(p, m, v)
+    cost = {"F": _exact(f_cost) / v, "B": _exact(b_cost) / v}
+    if min(cost.values()) <= 0:
+        raise ScheduleError(f"costs must be positive, got forward {f_cost}, backward {b_cost}")
+    if len(orders) != p:
+        raise ScheduleError(f"need one order per device: {p} devices, got {len(orders)} orders")
+    for s, order in enumerate(orders):
+        want = sorted(Action(k, j, c, s) for k in "FB" for j in range(m) for c in range(v))
+        if sorted(order) != want:
+            raise ScheduleError(f"device {s} must run F and B exactly once for each of the "
+                                f"{m} micro-batches on each of its {v} chunks")
+    end: dict[Action, Fraction] = {}  # finish time of every action run so far
+    # per device: what it ran, when it is free, the index of its next action
+    rows, free, nxt = [[] for _ in range(p)], [Fraction(0)] * p, [0] * p
+    while len(end) < 2 * m * v * p:
+        progressed = False
+        for s in range(p):  # run each device as far as its inputs allow
+            while nxt[s] < len(orders[s]):
+                a = orders[s][nxt[s]]
+                deps = dependencies(a, p, v)
+                if any(d not in end for d in deps):
+                    break  # an input is not computed yet: try the other devices
+                start = max([free[s]] + [end[d] for d in deps])
+                end[a] = free[s] = start + cost[a.kind]
+                rows[s].append((start, end[a], a))
+                nxt[s], progressed = nxt[s] + 1, True
+        if not progressed:
+            stuck = ", ".join(f"device {s} at {orders[s][nxt[s]].label(v)}"
+                              for s in range(p) if nxt[s] < len(orders[s]))
+            raise ScheduleError(f"the orders deadlock: every device waits ({stuck})")
+    return Timeline(p, m, v, rows)
+
+
+def bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> Fraction:
+    """The textbook idle fraction: (p-1)/(m+p-1), and (p-1)/(v*m+p-1) when interleaved."""
+    check_sizes(schedule, p, m, v)
+    return Fraction(p - 1, v * m + p - 1)
+
+
+def run(schedule: str, p: int, m: int, v: int = 1, f_cost=1.0, b_cost=2.0) -> Timeline:
+    """stage_orders then simulate: the timeline of one named schedule."""
+    return simulate(stage_orders(schedule, p, m, v), p, m, v, f_cost, b_cost)
+
+
+def smallest_micro_batches(schedule: str, p: int, max_idle=0.10, v: int = 1,
+                           f_cost=1.0, b_cost=2.0, limit: int = 4096) -> int:
+    """The fewest micro-batches whose simulated idle fraction is <= max_idle (exercise 3).
+
+    Asks the simulator, never the formula. Idle falls as m grows (fill and drain stay, work
+    grows), so m doubles until the bound holds, then bisection finds the m (a multiple of p
+    if interleaved) that meets it while the one below, also simulated, does not.
+    """
+    step = p if schedule == "interleaved" else 1
+    check_sizes(schedule, p, step, v)
+    bound = _exact(max_idle)
+
+    def meets(k: int) -> bool:  # k micro-batch groups of `step`
+        return run(schedule, p, k * step, v, f_cost, b_cost).idle_fraction <= bound
+
+    hi = 1
+    while not meets(hi):
+        if hi * step >= limit:
+            raise ScheduleError(f"no m <= {limit} brings {schedule} with p={p} to idle "
+                                f"<= {max_idle}")
+        hi *= 2
+    lo = hi // 2  # fails (or is 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+    return hi * step
+
+
+def _time_unit(timeline: Timeline) -> Fraction:
+    """The largest time step that every start and end is a whole multiple of."""
+    times = {t for row in timeline.rows for start, end, _ in row for t in (start, end)}
+    den = math.lcm(*(t.denominator for t in times))
+    return Fraction(math.gcd(*(int(t * den) for t in times)), den)
+
+
+def text_chart(timeline: Timeline) -> str:
+    """One row per device, one column per time unit: F3/B3 for micro-batch 3, '.' idle.
+
+    With v > 1 chunks the label ends in the chunk's letter (a = first chunk). A cell is
+    as wide as the longest label, so the columns of all rows line up.
+    """
+    unit = _time_unit(timeline)
+    columns = timeline.makespan / unit
+    if columns > MAX_CHART_COLUMNS:
+        raise ScheduleError(f"the chart would be {columns} columns wide; choose costs on a "
+                            "coarser grid (e.g. whole numbers)")
+    width = len(Action("F", timeline.m - 1, timeline.v - 1, 0).label(timeline.v))
+    lines = []
+    for s, row in enumerate(timeline.rows):
+        cells = [".".ljust(width)] * int(columns)
+        for start, end, a in row:
+            for col in range(int(start / unit), int(end / unit)):
+                cells[col] = a.label(timeline.v).ljust(width)
+        lines.append(f"device {s:<{len(str(timeline.p - 1))}} |{''.join(cells)}|")
+    return "\n".join(lines)
+
+
+def gantt_png(timeline: Timeline, path, title: str | None = None) -> None:
+    """A Gantt chart PNG: one lane per device, forwards and backwards in two colours."""
+    from jaxscale.report import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(min(18, 4 + float(timeline.makespan) / 4), 1 + timeline.p / 2))
+    colours = {"F": plt.get_cmap("Blues"), "B": plt.get_cmap("Oranges")}
+    label_cells = sum(len(row) for row in timeline.rows) <= 400
+    for s, row in enumerate(timeline.rows):
+        for start, end, a in row:
+            shade = 0.45 + 0.4 * a.chunk / max(1, timeline.v - 1)
+            ax.broken_barh([(float(start), float(end - start))], (s - 0.4, 0.8),
+                           facecolors=colours[a.kind](shade), edgecolor="white", linewidth=0.5)
+            if label_cells:
+                ax.text(float(start + end) / 2, s, a.label(timeline.v), ha="center",
+                        va="center", fontsize=7)
+    ax.set_yticks(range(timeline.p), [f"device {s}" for s in range(timeline.p)])
+    ax.invert_yaxis()
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[k](0.6), label=word)
+                       for k, word in (("F", "forward"), ("B", "backward"))],
+              loc="upper left", bbox_to_anchor=(1, 1), fontsize=8)
+    ax.set(xlim=(0, float(timeline.makespan)), xlabel="time", title=title or (
+        f"p={timeline.p}, m={timeline.m}, v={timeline.v}: idle "
+        f"{float(timeline.idle_fraction):.1%}"))
+    save_figure(fig, path)

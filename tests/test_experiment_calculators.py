@@ -1,0 +1,67 @@
+"""experiments.day4_checks and experiments.failures, in-process (pure Python, fast)."""
+import json
+import math
+
+import pytest
+
+GIB = 2**30
+
+
+def _run(main, tmp_path, capsys, *parts):
+    argv = ["--out", str(tmp_path), "--json"] + (["--parts", "".join(parts)] if parts else [])
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert json.loads((tmp_path / "results.json").read_text()).keys() == res.keys()
+    return res
+
+
+def test_day4_checks(tmp_path, capsys):
+    from experiments.day4_checks import main
+    res = _run(main, tmp_path, capsys)
+    rows = {r["what"]: r["bytes"] for r in res["3"]["rows"]}
+    assert round(rows["model states (16 bytes/parameter)"] / GIB, 1) == round(16 * 6.74e9 / GIB, 1) == 100.4
+    assert round(rows["activations, flash attention"] / GIB) == round(32 * 34 * 4096 * 4096 / GIB) == 17
+    assert round(rows["activations, checkpointing + flash attention"] / GIB, 1) == 1.5
+    assert res["3"]["recompute_extra_compute"] == pytest.approx(1 / 3)
+    z = res["5"]["7B on 8 devices (GiB)"]["rows"]
+    assert [round(r["total"], 1) for r in z] == [104.3, 35.9, 24.4, 13.0]
+    paper = res["5"]["ZeRO paper: 7.5B on 64 devices (GB)"]["rows"]
+    assert [round(r["total"], 1) for r in paper[:3]] == [120.0, 31.4, 16.6]
+    assert res["5"]["exercise_2"] == {"total_GB": pytest.approx(1120), "zero3_on_64_GB": pytest.approx(17.5),
+                                      "min_80GB_cards_zero3": 14}
+    assert res["6"]["bubble"]["8"]["16"] == pytest.approx(7 / 23)
+    assert res["6"]["min_micro_batches_for_10pct"] == {"2": 9, "4": 27, "8": 63, "16": 135}
+    r7 = {r["what"][:8]: r for r in res["7"]["rows"]}
+    assert round(r7["DP: ring"]["bytes"] / GIB, 1) == 22.8
+    assert r7["TP: one "]["bytes"] == 32 * 2**20 and r7["TP: a st"]["bytes"] == 4 * GIB
+    assert round(r7["1 GiB"]["seconds"]["NVLink ~600 GB/s"] * 1e3, 1) == 1.8
+    assert round(r7["1 GiB"]["seconds"]["InfiniBand ~25 GB/s per device"] * 1e3) == 43
+    lec = res["7"]["lecture13"]
+    assert (round(lec["tp_allreduce_MB"]), round(lec["tp_per_step_GB"], 1),
+            round(lec["pp_boundary_per_step_MB"])) == (134, 17.2, 268)
+
+
+def test_failures_experiment(tmp_path, capsys):
+    from experiments.failures import main
+    res = _run(main, tmp_path, capsys)
+    hours = {r["devices"]: r["cluster_mtbf_hours"] for r in res["a"]["rows"]}
+    assert hours[8] == 6250 and round(hours[1024], 1) == 48.8 and round(hours[16384], 1) == 3.1
+    b = {r["devices"]: r for r in res["b"]["rows"]}
+    assert round(b[1024]["young_interval"]) == 242
+    assert b[1024]["numeric_argmin_first_order"] == pytest.approx(b[1024]["young_interval"], rel=1e-3)
+    assert round(100 * b[1024]["young_waste"], 1) == 8.3
+    assert round(100 * b[16384]["young_waste"]) == 33
+    assert b[1024]["numeric_argmin_exact"] == pytest.approx(b[1024]["daly_interval"], rel=1e-2)
+    c = {(r["devices"], r["kind"]): r for r in res["c"]["rows"]}
+    a = c[(1024, "asynchronous")]
+    assert round(a["interval"]) == round(math.sqrt(2 * 1 * 50000 / 1024 * 60)) == 77
+    assert round(100 * a["waste_write_ignored"], 1) == 2.6
+    assert a["waste_with_write"] > a["waste_write_ignored"]
+    assert (tmp_path / "b_waste_vs_interval.png").stat().st_size > 10_000
+
+
+def test_bad_parts(tmp_path):
+    from experiments.failures import main
+    with pytest.raises(SystemExit) as e:
+        main(["--parts", "xyz", "--out", str(tmp_path)])
+    assert e.value.code == 2
