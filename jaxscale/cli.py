@@ -19,13 +19,6 @@ EXIT_USAGE = 2
 # which adds its parser (class _Parser, so errors are one line) and sets `run=handler`.
 COMMAND_MODULES: tuple[str, ...] = ("memory", "comm", "failures", "plan", "schedule")
 
-# Options reserved on `train` for the strategies that later parts of jaxscale add. They are
-# parsed and range-checked now; a value other than the single-device default is refused.
-RESERVED = {
-    "schedule": ("pipeline schedule", ["gpipe", "1f1b", "interleaved"], "1f1b"),
-}
-
-
 class UsageError(ValueError):
     """A command-line value is invalid."""
 
@@ -61,6 +54,7 @@ def _number(kind=int, minimum=1, exclusive=False):
 
 def build_parser() -> argparse.ArgumentParser:
     from jaxscale.model import PRESETS, REMAT_POLICIES
+    from jaxscale.parallel.schedule import SCHEDULES
     from jaxscale.precision import POLICIES, POLICY_HELP
     from jaxscale.train import LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
@@ -115,8 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--micro-batches", type=_number(), default=1, metavar="M",
                    help="gradient accumulation: split each batch into M micro-batches, reduce "
                         "gradients once per step (default 1)")
-    t.add_argument("--schedule", default="1f1b", metavar="NAME",
-                   help="pipeline schedule gpipe, 1f1b or interleaved (reserved)")
+    t.add_argument("--schedule", default=d.schedule, choices=list(SCHEDULES), metavar="NAME",
+                   help="pipeline schedule over pp: gpipe (all forwards, then all backwards), "
+                        "1f1b (one forward, one backward: at most pp micro-batches in flight), "
+                        "interleaved (--virtual chunks of layers per device); default "
+                        f"{d.schedule}")
+    t.add_argument("--virtual", type=_number(), default=None, metavar="V",
+                   help="model chunks per pipeline device for --schedule interleaved "
+                        "(default 2 there, 1 otherwise)")
     t.add_argument("--remat", default=d.remat, choices=list(REMAT_POLICIES), metavar="POLICY",
                    help="activation recomputation: none; full (keep each block's input, "
                         "recompute the block in backward); matmuls (keep matmul outputs)")
@@ -126,18 +126,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:  # the other commands, one module each (jaxscale/commands/)
         importlib.import_module(f"jaxscale.commands.{name}").register(sub)
     return p
-
-
-def _check_reserved(args) -> None:
-    for attr, (what, choices, default) in RESERVED.items():
-        value = getattr(args, attr)
-        flag = "--" + attr.replace("_", "-")
-        if choices is not None and value not in choices:
-            raise UsageError(f"{flag} {value!r} is not a {what}; choose from "
-                             f"{', '.join(map(str, choices))}")
-        if value != default:
-            raise UsageError(f"{flag} {value} is not available yet: this version trains with "
-                             f"{flag} {default} only")
 
 
 def _setup_devices(args):
@@ -170,9 +158,9 @@ def _cmd_train(args) -> int:
                       batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
                       stop_gap=args.stop_gap, precision=args.precision,
                       mesh=args.mesh or "dp=1", micro_batches=args.micro_batches,
-                      remat=args.remat, zero_stage=args.zero)
+                      remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
+                      virtual=args.virtual or (2 if args.schedule == "interleaved" else 1))
     cfg.validate()
-    _check_reserved(args)
     _setup_devices(args)
     enable_compilation_cache()
 

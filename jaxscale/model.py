@@ -62,6 +62,8 @@ def _garden(**kw) -> ModelConfig:
 # ever built abstractly on CPU (jax.eval_shape), e.g. to size memory.
 PRESETS: dict[str, ModelConfig] = {
     "tiny": _garden(d_model=32, n_layers=2, n_heads=4, d_ff=128),
+    # still tiny, but with 8 layers and 8 heads: tp, pp up to 8 and interleaving (pp=4, v=2)
+    "tiny8": _garden(d_model=32, n_layers=8, n_heads=8, d_ff=128),
     "small": _garden(d_model=256, n_layers=4, n_heads=8, d_ff=1024),
     "1b": ModelConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_layers=18,
                       n_heads=16, d_ff=8192),
@@ -167,7 +169,8 @@ class Transformer(nnx.Module):
         return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, self.blocks.remat)
 
 
-def forward(params: dict, tokens: jax.Array, remat: str = "none", fetch=None) -> jax.Array:
+def forward(params: dict, tokens: jax.Array, remat: str = "none", fetch=None,
+            tp_axis: str | None = None) -> jax.Array:
     """The model as a pure function of its parameters (a nested dict): token ids -> logits.
 
     Three units run in turn: `embed` (token + position embeddings), the L blocks (one
@@ -179,33 +182,49 @@ def forward(params: dict, tokens: jax.Array, remat: str = "none", fetch=None) ->
     ZeRO stage 3 passes a fetch that all-gathers the unit's slices; each unit then runs under
     `jax.checkpoint`, so the gathered copy is dropped after the forward pass and gathered
     again in the backward pass, when it is needed (see jaxscale.parallel.zero).
+    `tp_axis`: the blocks run tensor parallel over that mesh axis (see `block`).
     """
-    t = tokens.shape[-1]
-    sharded = fetch is not None
-    fetch = fetch if sharded else (lambda p, layer: p)
+    if fetch is None:
+        return head(params, layers(params["blocks"], embed(params, tokens), remat, tp_axis))
 
-    def embed(p, tokens):
-        p = fetch(p, False)
-        return p["tok_embed"][tokens] + p["pos_embed"][:t]
+    def embed_unit(p, tokens):
+        return embed(fetch(p, False), tokens)
 
     def layer(x, p):
-        return block(fetch(p, True), x), None
+        return block(fetch(p, True), x, tp_axis), None
 
-    def head(p, x):
-        p = fetch(p, False)
-        x = layer_norm(x, p["ln_f"]["scale"], p["ln_f"]["bias"])
-        return jnp.einsum("btd,vd->btv", x, p["tok_embed"])  # tied output head
+    def head_unit(p, x):
+        return head(fetch(p, False), x)
 
-    if sharded:  # keep activations (matmul outputs), never the gathered parameters
-        layer_policy = REMAT_POLICIES[remat] or jax.checkpoint_policies.dots_saveable
-        embed = jax.checkpoint(embed, policy=jax.checkpoint_policies.nothing_saveable)
-        head = jax.checkpoint(head, policy=jax.checkpoint_policies.dots_saveable)
-        layer = jax.checkpoint(layer, policy=layer_policy)
-    elif remat != "none":
-        layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
-    x = embed({"tok_embed": params["tok_embed"], "pos_embed": params["pos_embed"]}, tokens)
+    # keep activations (matmul outputs), never the gathered parameters
+    layer_policy = REMAT_POLICIES[remat] or jax.checkpoint_policies.dots_saveable
+    embed_unit = jax.checkpoint(embed_unit, policy=jax.checkpoint_policies.nothing_saveable)
+    head_unit = jax.checkpoint(head_unit, policy=jax.checkpoint_policies.dots_saveable)
+    layer = jax.checkpoint(layer, policy=layer_policy)
+    x = embed_unit({"tok_embed": params["tok_embed"], "pos_embed": params["pos_embed"]}, tokens)
     x, _ = jax.lax.scan(layer, x, params["blocks"])
-    return head({"ln_f": params["ln_f"], "tok_embed": params["tok_embed"]}, x)
+    return head_unit({"ln_f": params["ln_f"], "tok_embed": params["tok_embed"]}, x)
+
+
+def embed(p, tokens):
+    """Token + learned position embeddings: [B, T] ids -> [B, T, d]."""
+    return p["tok_embed"][tokens] + p["pos_embed"][:tokens.shape[-1]]
+
+
+def layers(blocks, x, remat: str = "none", tp_axis: str | None = None):
+    """Run a stack of blocks (leading layers axis) over x with `lax.scan`: all of the
+    model's layers, or one pipeline stage's share of them."""
+    def layer(h, p):
+        return block(p, h, tp_axis), None
+    if remat != "none":
+        layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
+    return jax.lax.scan(layer, x, blocks)[0]
+
+
+def head(p, x):
+    """Final LayerNorm, then the output projection tied to the token embedding."""
+    x = layer_norm(x, p["ln_f"]["scale"], p["ln_f"]["bias"])
+    return jnp.einsum("btd,vd->btv", x, p["tok_embed"])
 
 
 # --------------------------------------------------------------------------------------
@@ -222,8 +241,14 @@ def layer_norm(x, scale, bias, eps: float = 1e-5):
     return y.astype(x.dtype)
 
 
-def attention(p, x):
-    """Multi-head causal self-attention; heads are independent until the output projection."""
+def _same(x):
+    return x
+
+
+def attention(p, x, reduce=_same):
+    """Multi-head causal self-attention; heads are independent until the output projection.
+    `reduce` sums the heads' partial outputs over devices when they are split (tensor
+    parallelism); the output bias is added once, after it."""
     q = jnp.einsum("btd,dhk->bthk", x, p["wq"]) + p["bq"]
     k = jnp.einsum("btd,dhk->bthk", x, p["wk"]) + p["bk"]
     v = jnp.einsum("btd,dhk->bthk", x, p["wv"]) + p["bv"]
@@ -234,17 +259,31 @@ def attention(p, x):
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum("bhqs,bshk->bqhk", weights, v)
-    return jnp.einsum("bthk,hkd->btd", out, p["wo"]) + p["bo"]
+    return reduce(jnp.einsum("bthk,hkd->btd", out, p["wo"])) + p["bo"]
 
 
-def mlp(p, x):
-    return jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+def mlp(p, x, reduce=_same):
+    """GELU MLP; `reduce` as in attention (W1 split by columns, W2 by rows: one sum)."""
+    return reduce(jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"]) + p["b2"]
 
 
-def block(p, x):
-    """One pre-LN transformer block: x + attn(LN(x)), then + mlp(LN(.))."""
-    x = x + attention(p, layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"]))
-    return x + mlp(p, layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"]))
+def block(p, x, tp_axis: str | None = None):
+    """One pre-LN transformer block: x + attn(LN(x)), then + mlp(LN(.)).
+
+    With `tp_axis` (inside shard_map) `p` holds this device's share of the heads and of the
+    MLP's hidden units (Megatron tensor parallelism) and two operators join the shares:
+      enter   identity forward; in backward the all-reduce of the input's gradient (each
+              device's heads contribute part of it). Written as pcast-to-varying, whose
+              transpose is psum; once per sub-layer, not once per matmul.
+      reduce  psum forward: the all-reduce of the partial outputs.
+    Two all-reduces per layer forward (attention, MLP) and two backward.
+    """
+    enter = reduce = _same
+    if tp_axis is not None:
+        enter = lambda h: jax.lax.pcast(h, tp_axis, to="varying")  # noqa: E731
+        reduce = lambda y: jax.lax.psum(y, tp_axis)  # noqa: E731
+    x = x + attention(p, enter(layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"])), reduce)
+    return x + mlp(p, enter(layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"])), reduce)
 
 
 # --------------------------------------------------------------------------------------

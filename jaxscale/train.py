@@ -50,7 +50,9 @@ class TrainConfig:
     mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
     remat: str = "none"  # activation recomputation: none, full, matmuls
-    zero_stage: int = 0  # ZeRO over the dp axis: 0 (plain data parallel), 1, 2
+    zero_stage: int = 0  # ZeRO over the dp axis: 0 (plain data parallel), 1, 2, 3
+    schedule: str = "1f1b"  # pipeline schedule (pp > 1): gpipe, 1f1b, interleaved
+    virtual: int = 1  # model chunks per pipeline device (interleaved: >= 2)
     stop_gap: float | None = None  # stop once val loss - floor <= stop_gap (nats)
     n_train_docs: int = 8192
     n_val_docs: int = 512
@@ -59,6 +61,7 @@ class TrainConfig:
         """The parallel Plan of this run (validated against the batch size)."""
         return Plan.from_mesh(self.mesh, micro_batches=self.micro_batches, remat=self.remat,
                               zero_stage=self.zero_stage, precision=self.precision,
+                              schedule=self.schedule, virtual=self.virtual,
                               ).validate(global_batch=self.batch_size)
 
     def validate(self) -> None:
@@ -84,7 +87,10 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise TrainConfigError(msg)
-        self.plan()
+        plan = self.plan()
+        if plan.tp > 1 or plan.pp > 1:
+            from jaxscale.parallel.hybrid import check_divisible
+            check_divisible(modellib.preset(self.model), plan)
         if self.model not in ("tiny", "small"):
             raise TrainConfigError(
                 f"model {self.model!r} is sized for GPU/TPU and is only built abstractly here; "

@@ -32,9 +32,14 @@ def _fail(capsys, argv):
     (["train", "--devices", "4"], ["asked for 4 CPU devices", "already started with 8"]),
     (["train", "--zero", "5"], ["--zero", "5", "0, 1, 2, 3"]),
     (["train", "--zero", "1"], ["ZeRO needs dp > 1"]),
-    (["train", "--devices", "8", "--mesh", "dp=8", "--zero", "3"], ["not available yet: zero_stage=3"]),
+    (["train", "--mesh", "dp=2,tp=2,pp=2", "--zero", "1"], ["zero_stage=1", "not combined"]),
+    (["train", "--mesh", "tp=8"], ["tp=8", "heads (4)", "[1, 2, 4]"]),
+    (["train", "--mesh", "dp=2,pp=4"], ["pp x virtual = 4 x 1", "2 layers"]),
+    (["train", "--mesh", "dp=2,pp=2,tp=2", "--micro-batches", "3"], ["32 documents", "2 x 3"]),
+    (["train", "--mesh", "pp=2,dp=4", "--schedule", "interleaved", "--micro-batches", "1"],
+     ["multiple of the stages", "m=1"]),
     (["train", "--micro-batches", "0"], ["--micro-batches", "got 0"]),
-    (["train", "--schedule", "zigzag"], ["'zigzag'", "gpipe, 1f1b, interleaved"]),
+    (["train", "--schedule", "zigzag"], ["'zigzag'", "'gpipe', '1f1b', 'interleaved'"]),
     (["train", "--precision", "fp64"], ["'fp64'", "bf16", "fp16", "bf16-pure"]),
     (["train", "--model", "7b"], ["7b", "only built abstractly"]),
     (["fly"], ["'fly'", "train"]),
@@ -82,5 +87,5 @@ def test_train_data_parallel_in_process(capsys, tmp_path):
 def test_data_parallel_bad_input(capsys):
     err = _fail(capsys, ["train", "--devices", "8", "--mesh", "dp=8", "--batch-size", "12"])
     assert "12 documents is not divisible by dp x micro_batches = 8 x 1" in err
-    err = _fail(capsys, ["train", "--mesh", "dp=4,tp=2"])
-    assert "not available yet: tp=2" in err
+    err = _fail(capsys, ["train", "--mesh", "dp=4,tp=2", "--precision", "fp16", "--zero", "2"])
+    assert "zero_stage=2" in err and "not combined with tp=2" in err

@@ -37,6 +37,7 @@ class Plan:
     zero_stage: int = 0
     micro_batches: int = 1
     schedule: str = "1f1b"
+    virtual: int = 1  # model chunks per pipeline device (interleaved schedule: >= 2)
     remat: str = "none"
     precision: str = "fp32"
 
@@ -56,7 +57,7 @@ class Plan:
 
     def validate(self, global_batch: int | None = None, n_devices: int | None = None) -> "Plan":
         """Raise PlanError naming the bad value and what would fit; return self if fine."""
-        for name in ("dp", "tp", "pp", "micro_batches"):
+        for name in ("dp", "tp", "pp", "micro_batches", "virtual"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise PlanError(f"{name} must be a positive integer, got {v!r}")
@@ -82,13 +83,15 @@ class Plan:
                 f"global batch of {global_batch} documents is not divisible by dp x micro_batches "
                 f"= {self.dp} x {self.micro_batches}; use a batch that is a multiple of "
                 f"{self.dp * self.micro_batches}")
-        missing = [f"{name}={getattr(self, name)}" for name, default in
-                   (("tp", 1), ("pp", 1))
-                   if getattr(self, name) != default]
-        if missing:
-            raise PlanError(f"not available yet: {', '.join(missing)} (this version implements "
-                            "data parallelism with micro-batches, ZeRO stages 1-3, precision "
-                            "policies and remat)")
+        if self.pp > 1 or self.virtual > 1:
+            from jaxscale.parallel import schedule as sched
+            try:
+                sched.check_sizes(self.schedule, self.pp, self.micro_batches, self.virtual)
+            except sched.ScheduleError as e:
+                raise PlanError(str(e)) from None
+        if self.zero_stage and (self.tp > 1 or self.pp > 1):
+            raise PlanError(f"ZeRO (zero_stage={self.zero_stage}) shards over dp in a dp-only "
+                            f"mesh; it is not combined with tp={self.tp}, pp={self.pp} yet")
         return self
 
     def as_dict(self) -> dict:
@@ -105,6 +108,12 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     plan.validate()
     graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat))
     pol = precision.policy(plan.precision)
+    if plan.tp > 1 or plan.pp > 1:
+        from jaxscale.parallel.hybrid import build_hybrid
+        abstract = modellib.abstract(model_cfg)
+        shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+        return build_hybrid(model_cfg, graphdef, plan, optimizer, pol, shapes,
+                            modellib.logical_axes(abstract), devices)
     if plan.zero_stage:
         from jaxscale.parallel.zero import build_zero
         shapes = nnx.to_pure_dict(nnx.state(modellib.abstract(model_cfg), nnx.Param))

@@ -1,0 +1,133 @@
+"""Tensor, pipeline and data parallelism together: one shard_map over the (dp, pp, tp) mesh.
+
+Where each parameter lives follows from its logical axis names (jaxscale.model), by rules:
+
+    heads -> tp    Q, K, V split by output heads, O by input heads        (Megatron)
+    mlp   -> tp    W1 split by output columns, W2 by input rows           (Megatron)
+    layers -> pp   each pipeline stage holds its own layers
+    anything else  replicated: embeddings, LayerNorms, output biases
+
+Inside the step: the blocks run tensor parallel over `tp` (two all-reduces per layer
+forward, two backward: jaxscale.model.block), the pipeline schedule runs over `pp`
+(jaxscale.parallel.pipeline) or, with pp = 1, micro-batches accumulate as in plain DP, and
+the gradients are all-reduced over `dp`. The optimizer updates each device's own shards;
+it must be elementwise (as for ZeRO).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxscale import devices as devlib, model as modellib, precision
+from jaxscale.parallel.data import AXIS, ShardedStep, accumulated_value_and_grad
+from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
+from jaxscale.parallel.zero import _check_elementwise
+
+RULES = {"heads": "tp", "mlp": "tp", "layers": "pp"}
+
+
+def param_specs(axes, plan):
+    """PartitionSpec of every parameter from its logical axes (axes of size-1 mesh dims
+    are left out, so a tp=1 plan does not mention tp)."""
+    live = {name: mesh for name, mesh in RULES.items() if getattr(plan, mesh) > 1}
+    return jax.tree.map(lambda names: P(*(live.get(n) for n in names)), axes,
+                        is_leaf=lambda x: isinstance(x, tuple))
+
+
+def layer_order(n_layers: int, pp: int, v: int) -> list[int]:
+    """Interleaving: device s holds virtual stages s, s+p, ..., so the stacked layer axis
+    is reordered such that each device's contiguous share is its chunks in order."""
+    per = n_layers // (pp * v)
+    return [(c * pp + s) * per + i for s in range(pp) for c in range(v) for i in range(per)]
+
+
+class MeshLayout(precision.Replicated):
+    """The optimizer works on each device's shards; reductions know which axes split what."""
+
+    def __init__(self, specs, axes):
+        self.specs, self.axes = specs, axes  # axes: the mesh axes of size > 1 besides dp
+
+    def all_finite(self, flag):
+        if not self.axes:
+            return flag
+        return lax.pmin(vary(flag.astype(jnp.int32), self.axes), self.axes).astype(bool)
+
+    def global_sum(self, x):  # counts a replicated parameter once per copy (a diagnostic)
+        return lax.psum(vary(x, self.axes), self.axes) if self.axes else x
+
+    def norm(self, tree):
+        def sq(g, spec):  # a shard's sum of squares, summed over the axes that split it
+            split = tuple(a for a in spec if a is not None)
+            s = jnp.sum(jnp.square(g))
+            return lax.psum(s, split) if split else s
+        return jnp.sqrt(sum(jax.tree.leaves(jax.tree.map(sq, tree, self.specs))))
+
+
+def check_divisible(cfg: modellib.ModelConfig, plan) -> None:
+    from jaxscale.parallel.plan import PlanError
+    v = plan.virtual
+    if cfg.n_heads % plan.tp or cfg.d_ff % plan.tp:
+        raise PlanError(f"tp={plan.tp} must divide the heads ({cfg.n_heads}) and the MLP "
+                        f"width ({cfg.d_ff}); choose tp from "
+                        f"{[k for k in range(1, cfg.n_heads + 1) if cfg.n_heads % k == 0 and cfg.d_ff % k == 0]}")
+    if cfg.n_layers % (plan.pp * v):
+        raise PlanError(f"pp x virtual = {plan.pp} x {v} must divide the {cfg.n_layers} layers")
+
+
+def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformation,
+                 pol: precision.Policy, shapes, axes, devices=None):
+    """(init, step) for a plan with tp > 1 or pp > 1 (and any dp)."""
+    check_divisible(model_cfg, plan)
+    devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
+    mesh = devlib.make_mesh(plan.mesh_shape, devices)
+    specs = param_specs(axes, plan)
+    tp_axis = "tp" if plan.tp > 1 else None
+    v = plan.virtual
+    order = layer_order(model_cfg.n_layers, plan.pp, v)
+    inverse = [order.index(i) for i in range(len(order))]
+
+    def arrange(tree, perm=order):
+        return {**tree, "blocks": jax.tree.map(lambda x: x[jnp.asarray(perm)], tree["blocks"])}
+
+    if plan.pp > 1:
+        shared = jax.tree.map(lambda s: "pp" not in s, specs,
+                              is_leaf=lambda x: isinstance(x, P))
+        grad_fn = pipeline_value_and_grad(plan, tick_table(plan.schedule, plan.pp,
+                                                           plan.micro_batches, v),
+                                          tp_axis=tp_axis, replicated_over_pp=shared)
+    else:
+        def nll(prm, mb):
+            from jaxscale.loss import logits_nll_and_count
+            return logits_nll_and_count(modellib.forward(prm, mb["tokens"], plan.remat,
+                                                         tp_axis=tp_axis), mb)
+        grad_fn = accumulated_value_and_grad(
+            nll, plan.micro_batches, per_micro=lambda g: g,
+            after=lambda g: jax.tree.map(lambda x: lax.psum(x, AXIS), g), like=lambda t: t)
+    layout = MeshLayout(specs, tuple(a for a in ("pp", "tp") if getattr(plan, a) > 1))
+    update = precision.make_step(graphdef, optimizer, pol, jit=False, layout=layout,
+                                 grad_fn=grad_fn)
+
+    def fresh_state(params32):
+        return precision.init_state(arrange(params32), optimizer, pol)
+
+    abstract = jax.eval_shape(fresh_state, shapes)
+    _check_elementwise(abstract.opt_state, shapes)
+    is_spec = lambda x: isinstance(x, P)  # noqa: E731
+    state_specs = precision.TrainState(
+        specs, None if abstract.master is None else specs,
+        optax.tree_map_params(optimizer, lambda _, s: s, abstract.opt_state, specs,
+                              transform_non_params=lambda _: P(), is_leaf=is_spec),
+        P(), P(), P())
+    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
+
+    def init(params32):
+        return jax.device_put(fresh_state(params32), shardings)
+
+    compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(state_specs, P(AXIS)),
+                                     out_specs=(state_specs, P())))
+    step = ShardedStep(mesh, compiled)
+    step.full_params = jax.jit(lambda state: arrange(state.params, inverse))
+    return init, step

@@ -1,0 +1,198 @@
+"""Pipeline parallelism over the `pp` mesh axis, for any schedule of jaxscale.parallel.schedule.
+
+The layers are cut into p stages (p x v chunks when interleaved) and the batch into m
+micro-batches. The schedule says, for each device, in which order it runs the forward (F)
+and backward (B) of each (micro-batch, chunk). Here that order is executed for real:
+
+1. `tick_table` runs the schedule in the simulator with unit costs, so every action takes
+   one tick, and turns it into tables [ticks, p]: what each device does at each tick, and
+   in which buffer slot each arriving activation or gradient waits until it is used.
+   Slots are reused as soon as they are free: GPipe needs m, 1F1B at most p.
+2. `pipeline_value_and_grad` (inside shard_map) scans over the ticks. At every tick each
+   device runs its own action under `lax.switch` (nothing, F or B), then two `ppermute`s
+   move the activation it produced to the next stage and the input gradient it produced to
+   the previous one (a ring: with interleaving the last device feeds device 0's next chunk).
+   F stores nothing but the stage's INPUT (in the slot); B recomputes the stage's forward
+   from it with `jax.vjp` and applies the received gradient: stage-level recomputation,
+   so a micro-batch in flight costs one activation of the stage input.
+The first virtual stage embeds the tokens, the last applies the head and the loss; every
+stage runs the same program (SPMD), so the embedding and head are computed everywhere and
+selected with `where`: simple, and cheap next to the blocks in real models.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxscale import model as modellib
+from jaxscale.loss import logits_nll_and_count
+from jaxscale.parallel import schedule as sched
+
+IDLE, FORWARD, BACKWARD = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class TickTable:
+    """A schedule as lockstep ticks; every array is [ticks, p] (device s reads column s)."""
+
+    kind: np.ndarray  # IDLE, FORWARD or BACKWARD
+    micro: np.ndarray  # micro-batch of the action
+    chunk: np.ndarray  # chunk (virtual stage = chunk * p + device)
+    slot: np.ndarray  # activation slot the action reads (its stage input)
+    gslot: np.ndarray  # gradient slot a BACKWARD reads
+    recv: np.ndarray  # activation slot an arriving activation is written to, -1 if none
+    grecv: np.ndarray  # gradient slot an arriving gradient is written to, -1 if none
+    slots: int
+    gslots: int
+
+    @property
+    def ticks(self) -> int:
+        return self.kind.shape[0]
+
+
+def _assign(intervals: dict) -> tuple[dict, int]:
+    """Slots for (key -> (write tick, read tick)) intervals on one device; a slot is free
+    again from the tick it was last read (reads happen before that tick's writes)."""
+    free_at, slot_of = [], {}
+    for key, (start, end) in sorted(intervals.items(), key=lambda kv: kv[1]):
+        for i, t in enumerate(free_at):
+            if t <= start:
+                free_at[i], slot_of[key] = end, i
+                break
+        else:
+            free_at.append(end)
+            slot_of[key] = len(free_at) - 1
+    return slot_of, len(free_at)
+
+
+def tick_table(schedule: str, p: int, m: int, v: int = 1) -> TickTable:
+    """Compile `schedule` for p devices, m micro-batches, v chunks into lockstep tables."""
+    timeline = sched.run(schedule, p, m, v, f_cost=v, b_cost=v)  # a chunk's F or B: 1 tick
+    n_virtual = p * v
+    when = {(a.kind, a.micro_batch, a.virtual_stage(p)): int(start)
+            for row in timeline.rows for start, _, a in row}
+    ticks = int(timeline.makespan)
+    assert all(start.denominator == 1 for row in timeline.rows for start, _, _ in row)
+    tables = {k: np.zeros((ticks, p), np.int32) for k in ("kind", "micro", "chunk", "slot",
+                                                          "gslot")}
+    recv, grecv = np.full((ticks, p), -1, np.int32), np.full((ticks, p), -1, np.int32)
+    acts, grads = [{} for _ in range(p)], [{} for _ in range(p)]
+    for (kind, j, k), t in when.items():
+        if kind == "F" and k > 0:  # its input arrives at the end of F(j, k-1)'s tick
+            acts[k % p][(j, k)] = (when["F", j, k - 1], when["B", j, k])
+        if kind == "B" and k < n_virtual - 1:  # its gradient arrives after B(j, k+1)
+            grads[k % p][(j, k)] = (when["B", j, k + 1], t)
+    slot_maps = [_assign(a) for a in acts]
+    gslot_maps = [_assign(g) for g in grads]
+    for (kind, j, k), t in when.items():
+        s = k % p
+        tables["kind"][t, s] = FORWARD if kind == "F" else BACKWARD
+        tables["micro"][t, s], tables["chunk"][t, s] = j, k // p
+        tables["slot"][t, s] = slot_maps[s][0].get((j, k), 0)  # stage 0: input unused
+        tables["gslot"][t, s] = gslot_maps[s][0].get((j, k), 0)  # last stage: unused
+        if kind == "F" and k + 1 < n_virtual:
+            recv[t, (k + 1) % p] = slot_maps[(k + 1) % p][0][(j, k + 1)]
+        if kind == "B" and k > 0:
+            grecv[t, (k - 1) % p] = gslot_maps[(k - 1) % p][0][(j, k - 1)]
+    return TickTable(**tables, recv=recv, grecv=grecv,
+                     slots=max(1, max(n for _, n in slot_maps)),
+                     gslots=max(1, max(n for _, n in gslot_maps)))
+
+
+def varying_axes(x) -> frozenset:
+    """The mesh axes over which x (inside shard_map) may differ from device to device."""
+    aval = jax.typeof(x)
+    return frozenset(aval.manual_axis_type.varying if hasattr(aval, "manual_axis_type")
+                     else aval.vma)
+
+
+def vary(x, axes):
+    """x marked as varying over `axes` (those it does not vary over yet): each device then
+    differentiates or reduces its own copy, and no implicit collective is inserted."""
+    missing = tuple(a for a in axes if a not in varying_axes(x))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def _zeros_like(x):
+    """Zeros with x's shape, dtype and device-variance (lax.switch branches must agree)."""
+    z = jnp.zeros(x.shape, x.dtype)
+    return vary(z, tuple(sorted(varying_axes(x))))
+
+
+def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp",
+                            tp_axis=None, replicated_over_pp=None):
+    """grad_fn for precision.make_step running the pipeline (see the module docstring).
+
+    `params` arrive with the blocks' layer axis split over pp (this device's v chunks, in
+    order) and everything else whole. Returns (global loss, gradients summed over dp, and
+    over pp for the parameters every stage holds: embeddings and the final LayerNorm).
+    """
+    p, m, v = plan.pp, plan.micro_batches, plan.virtual
+
+    def grad_fn(params, batch, multiplier):
+        stage = lax.axis_index(pp_axis)
+        count = lax.psum(jnp.sum(batch["mask"]), dp_axis)
+        mbs = jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
+        # every device differentiates its own copy: no collective hides inside lax.switch
+        mine = jax.tree.map(lambda x: vary(x, (dp_axis, pp_axis)), params)
+        per_chunk = jax.tree.leaves(params["blocks"])[0].shape[0] // v
+        ct = jnp.float32(1.0) if multiplier is None else multiplier
+
+        def stage_fn(prm, x, mb, chunk):
+            first, last = (stage == 0) & (chunk == 0), (stage == p - 1) & (chunk == v - 1)
+            blocks = jax.tree.map(lambda b: lax.dynamic_slice_in_dim(b, chunk * per_chunk,
+                                                                     per_chunk), prm["blocks"])
+            h = jnp.where(first, modellib.embed(prm, mb["tokens"]).astype(x.dtype), x)
+            h = modellib.layers(blocks, h, plan.remat, tp_axis)
+            nll = logits_nll_and_count(modellib.head(prm, h), mb)[0] / count
+            return h, jnp.where(last, nll, 0.0)
+
+        def tick(carry, row):
+            stash, gstash, grads, loss = carry
+            kind, j, chunk, slot, gslot, recv, grecv = (r[stage] for r in row)
+            mb = jax.tree.map(lambda x: x[j], mbs)
+            x = stash[slot]
+            last = (stage == p - 1) & (chunk == v - 1)  # its output feeds the loss, not a stage
+            dy = jnp.where(last, jnp.zeros_like(gstash[gslot]), gstash[gslot])
+
+            def idle():
+                return _zeros_like(x), _zeros_like(x), jax.tree.map(_zeros_like, grads), \
+                    _zeros_like(loss)
+
+            def forward():
+                y, loss_j = stage_fn(mine, x, mb, chunk)
+                return y, _zeros_like(x), jax.tree.map(_zeros_like, grads), loss_j
+
+            def backward():
+                (_, loss_j), vjp = jax.vjp(lambda prm, h: stage_fn(prm, h, mb, chunk), mine, x)
+                d_params, dx = vjp((dy, vary(ct.astype(loss_j.dtype),
+                                             tuple(sorted(varying_axes(loss_j))))))
+                return _zeros_like(x), dx, d_params, _zeros_like(loss)
+
+            y, dx, d_params, loss_j = lax.switch(kind, [idle, forward, backward])
+            ring = [(i, (i + 1) % p) for i in range(p)]
+            y_in = lax.ppermute(y, pp_axis, ring)  # to the next stage
+            dx_in = lax.ppermute(dx, pp_axis, [(b, a) for a, b in ring])  # to the previous
+            stash = jnp.where(recv >= 0, stash.at[jnp.maximum(recv, 0)].set(y_in), stash)
+            gstash = jnp.where(grecv >= 0, gstash.at[jnp.maximum(grecv, 0)].set(dx_in), gstash)
+            return (stash, gstash, jax.tree.map(jnp.add, grads, d_params), loss + loss_j), None
+
+        b, t = mbs["tokens"].shape[1:]
+        d = params["tok_embed"].shape[-1]
+        act = vary(jnp.zeros((b, t, d), params["tok_embed"].dtype), (dp_axis, pp_axis))
+        carry = (jnp.zeros((table.slots, *act.shape), act.dtype) + act,
+                 jnp.zeros((table.gslots, *act.shape), act.dtype) + act,
+                 jax.tree.map(_zeros_like, mine), _zeros_like(act.sum()).astype(jnp.float32))
+        rows = tuple(jnp.asarray(a) for a in (table.kind, table.micro, table.chunk, table.slot,
+                                             table.gslot, table.recv, table.grecv))
+        (_, _, grads, loss), _ = lax.scan(tick, carry, rows)
+        grads = jax.tree.map(lambda g: lax.psum(g, dp_axis), grads)
+        grads = jax.tree.map(lambda g, shared: lax.psum(g, pp_axis) if shared else g,
+                             grads, replicated_over_pp)
+        return lax.psum(loss, (dp_axis, pp_axis)), grads
+
+    return grad_fn
