@@ -35,13 +35,16 @@ class Collective:
     shapes: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, dims) of each result
     nbytes: int  # result bytes on one device
     pairs: tuple[tuple[int, int], ...] = ()  # collective-permute: (source, target)
-    times: int = 1  # executions per run of the program (loop trip counts multiplied)
+    times: float = 1  # executions per run of the program (loop trip counts multiplied)
+    groups: tuple[tuple[int, ...], ...] = ()  # replica groups (device positions in the mesh)
+    branch: int | None = None  # inside branch i of a conditional (lax.switch / cond)
 
 
 _CALLS = re.compile(r"\b(body|condition|to_apply|calls|true_computation|false_computation)"
                     r"=%?(?P<name>[\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
 _TRIP = re.compile(r"constant\((?P<n>\d+)\)")
+_GROUPS = re.compile(r"replica_groups=\{(?P<groups>(?:\{[\d,]*\},?)*)\}")
 
 
 def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
@@ -61,37 +64,50 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
     return comps, entry
 
 
-def _times_run(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
-    """How many times each computation runs per run of `entry` (while bodies x trip count)."""
+def _times_run(comps: dict[str, list[str]], entry: str) -> tuple[dict, dict]:
+    """How many times each computation runs per run of `entry` (while bodies x trip count;
+    a conditional's branches each as often as the conditional), and which branch index of
+    a conditional each computation runs under."""
     times: dict[str, int] = {}
+    branch_of: dict[str, int] = {}
 
-    def visit(name: str, n: int) -> None:
+    def visit(name: str, n: int, branch: int | None = None) -> None:
         times[name] = times.get(name, 0) + n
+        if branch is not None:
+            branch_of[name] = branch
         for line in comps.get(name, ()):
             calls = {m["name"]: m[1] for m in _CALLS.finditer(line)}
             for b in _BRANCHES.finditer(line):
-                calls.update({c.strip().lstrip("%"): "branch" for c in b["names"].split(",")})
+                for i, c in enumerate(b["names"].split(",")):
+                    calls[c.strip().lstrip("%")] = i
             trip = 1
             if "condition" in calls.values():
                 cond = next(c for c, kind in calls.items() if kind == "condition")
                 trips = [int(m["n"]) for l in comps.get(cond, ()) for m in _TRIP.finditer(l)]
                 trip = max(trips) if trips else 1
             for callee, kind in calls.items():
-                visit(callee, n * trip if kind == "body" else n)
+                visit(callee, n * trip if kind == "body" else n,
+                      kind if isinstance(kind, int) else branch)
     visit(entry, 1)
-    return times
+    return times, branch_of
 
 
-def collectives(hlo_text: str) -> list[Collective]:
+def collectives(hlo_text: str, branch_share: dict[int, float] | None = None) -> list[Collective]:
     """Every collective op in an HLO module's text, in program order, with how many times
-    it runs per execution of the module (`times`; 1 outside loops)."""
+    it runs per execution of the module (`times`; 1 outside loops).
+
+    An op inside branch i of a conditional is counted as often as the conditional runs,
+    times `branch_share[i]` (the share of runs that take branch i) when it is given: the
+    HLO cannot say which branch runs, the caller may (e.g. a pipeline's tick table).
+    """
     comps, entry = _computations(hlo_text)
-    runs = _times_run(comps, entry) if entry else {}
-    lines = [(line, runs.get(name, 0)) for name, body in comps.items() for line in body]
+    runs, branch_of = _times_run(comps, entry) if entry else ({}, {})
+    lines = [(line, runs.get(name, 0), branch_of.get(name)) for name, body in comps.items()
+             for line in body]
     if not comps:  # not a whole module: a bare list of instructions
-        lines = [(line, 1) for line in hlo_text.splitlines()]
+        lines = [(line, 1, None) for line in hlo_text.splitlines()]
     found = []
-    for line, times in lines:
+    for line, times, branch in lines:
         m = _LINE.search(line)
         if not m or times == 0:
             continue
@@ -102,8 +118,39 @@ def collectives(hlo_text: str) -> list[Collective]:
         if (p := _PAIRS.search(line)) is not None:
             pairs = tuple(tuple(int(v) for v in pair.split(","))
                           for pair in re.findall(r"\{(\d+,\d+)\}", p["pairs"]))
-        found.append(Collective(m["op"], shapes, nbytes, pairs, times))
+        groups = ()
+        if (g := _GROUPS.search(line)) is not None:
+            groups = tuple(tuple(int(v) for v in grp.split(",") if v)
+                           for grp in re.findall(r"\{([\d,]*)\}", g["groups"]))
+        if branch is not None and branch_share is not None:
+            times = times * branch_share.get(branch, 0.0)
+        found.append(Collective(m["op"], shapes, nbytes, pairs, times, groups, branch))
     return found
+
+
+def mesh_axes_of(c: Collective, mesh_axes: dict[str, int]) -> tuple[str, ...]:
+    """The mesh axes a collective runs over: those whose coordinate differs between the
+    members of its first replica group (or the first source/target pair). Device positions
+    are row-major over `mesh_axes` (e.g. {"dp": 2, "pp": 2, "tp": 2}, tp innermost)."""
+    members = c.groups[0] if c.groups else (c.pairs[0] if c.pairs else ())
+    names, sizes = list(mesh_axes), list(mesh_axes.values())
+    coords = [np.unravel_index(d, sizes) for d in members]
+    return tuple(n for i, n in enumerate(names) if len({x[i] for x in coords}) > 1)
+
+
+def bytes_by_axis(hlo_text: str, mesh_axes: dict[str, int],
+                  branch_share: dict[int, float] | None = None) -> dict[str, dict]:
+    """{"tp": {op: {"count", "bytes"}}, "dp": ..., "pp+tp": ...}: per run, per device,
+    scalars (loss, token counts, flags) left out."""
+    out: dict[str, dict] = {}
+    for c in collectives(hlo_text, branch_share):
+        if not any(len(d) for _, d in c.shapes) or not c.times:
+            continue
+        key = "+".join(mesh_axes_of(c, mesh_axes)) or "none"
+        entry = out.setdefault(key, {}).setdefault(c.op, {"count": 0, "bytes": 0})
+        entry["count"] += c.times
+        entry["bytes"] += c.nbytes * c.times
+    return out
 
 
 def bytes_by_op(hlo_text: str) -> dict[str, dict[str, int]]:

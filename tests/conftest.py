@@ -10,10 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import functools
+
 import jax
+import optax
 import pytest
 
+from jaxscale import garden, model as M
 from jaxscale.devices import force_cpu_devices
+from jaxscale.parallel.plan import Plan, build_train_step
+from jaxscale.train import TrainConfig, as_arrays, init_state
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "jax-tests"
@@ -37,3 +43,31 @@ def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 30
 @pytest.fixture(scope="session")
 def devices():
     return DEVICES
+
+
+# --- shared by the model-parallel tests: one compiled step per plan, for the whole session
+
+@functools.lru_cache(maxsize=None)
+def setup(model: str):
+    _, params, _ = init_state(TrainConfig(model=model))
+    batch = as_arrays(next(garden.make_corpus(0).train_batches(32, seed=3)))
+    return M.preset(model), params, batch
+
+
+# An "optimizer" that keeps the gradient in its state and leaves the parameters alone:
+# one step of it hands back the step's whole gradient, however the plan shards it.
+KEEP_GRADIENT = optax.chain(optax.trace(decay=0.0), optax.scale(0.0))
+
+
+@functools.lru_cache(maxsize=None)
+def one_step(model: str, **plan):
+    """(gradient as whole tensors, loss, step, initial state) of one step of `plan`."""
+    cfg, params, batch = setup(model)
+    p = Plan(**plan)
+    init, step = build_train_step(cfg, p, KEEP_GRADIENT, jax.devices()[:p.n_devices])
+    state, metrics = step(init(params), batch)
+    trace = state.opt_state[0].trace
+    whole = getattr(step, "full_params", lambda s: s.params)(state._replace(params=trace))
+    return whole, float(metrics["loss"]), step, init(params)
+
+
