@@ -1,0 +1,261 @@
+"""Lecture 13 §4 (4.2-4.4), exercises 3 and 6; day-4 §5.3-5.5: tensor and pipeline parallelism.
+
+    python -m experiments.model_parallel [--out runs/model_parallel] [--parts abcdef] [--json]
+
+Runs on 8 host-CPU devices (forced here, before JAX starts), on the tiny8 preset (8 layers,
+8 heads, d = 32) so that tp and pp reach 8.
+
+a. the Megatron MLP at k = 2, 4, 8 devices vs one: max difference, bytes per device; the
+   wrong (row-first) split, and by how much GELU(a) + GELU(b) misses GELU(a + b)
+b. attention split by heads at k = 2, 4, 8
+c. pipeline gradients vs the unpipelined model: 2 and 4 stages, 1-8 micro-batches, each schedule
+d. the schedules' timelines (text and PNG), idle measured vs (p-1)/(m+p-1), exercise 3
+e. lecture §4.4's communication table: 32 layers, h = 4096, 8 x 2048 tokens (cost model)
+f. 3-D: dp=2, tp=2, pp=2, 1F1B, 20 steps vs one device; bytes per axis from the HLO next to
+   the schedule's count; activation memory of GPipe vs 1F1B; step times as ratios
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from jaxscale.devices import force_cpu_devices
+
+N_DEVICES = 8
+if __name__ == "__main__":
+    force_cpu_devices(N_DEVICES)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from experiments._runner import log, run_experiment  # noqa: E402
+from jaxscale import costmodel as cm, garden, measure, model as M, optim  # noqa: E402
+from jaxscale.devices import make_mesh  # noqa: E402
+from jaxscale.parallel import schedule as sched  # noqa: E402
+from jaxscale.parallel.hybrid import param_specs  # noqa: E402
+from jaxscale.parallel.pipeline import tick_table  # noqa: E402
+from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.report import print_table  # noqa: E402
+from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
+
+MODEL, BATCH = "tiny8", 32
+KEEP_GRADIENT = optax.chain(optax.trace(decay=0.0), optax.scale(0.0))  # state = the gradient
+
+
+class Lab:
+    def __init__(self, seed: int = 0):
+        if len(jax.devices()) != N_DEVICES:
+            raise SystemExit(f"needs {N_DEVICES} devices, JAX has {len(jax.devices())}: run it "
+                             "as python -m experiments.model_parallel")
+        self.cfg = M.preset(MODEL)
+        _, self.params, _ = init_state(TrainConfig(model=MODEL, seed=seed))
+        it = garden.make_corpus(seed).train_batches(BATCH, seed=seed)
+        self.batches = [as_arrays(next(it)) for _ in range(20)]
+        self.layer0 = jax.tree.map(lambda x: x[0], self.params["blocks"])
+        x = M.embed(self.params, jnp.asarray(self.batches[0]["tokens"][:8]))
+        self.x = M.layer_norm(x, self.layer0["ln1"]["scale"], self.layer0["ln1"]["bias"])
+        self.axes = jax.tree.map(lambda a: a[1:], M.logical_axes(M.abstract(self.cfg))["blocks"],
+                                 is_leaf=lambda a: isinstance(a, tuple))
+        self._grads = {}
+
+    def sharded(self, fn, k: int):
+        """fn(layer params, x) run over k devices with the block's tensor-parallel specs."""
+        mesh = make_mesh(f"tp={k}", jax.devices()[:k])
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(param_specs(self.axes, Plan(tp=k)),
+                                                               P()), out_specs=P()))
+
+    def gradient(self, plan: Plan):
+        """Whole gradient of one step of `plan` on batch 0 (and the step, its state)."""
+        key = tuple(sorted(plan.as_dict().items()))
+        if key not in self._grads:
+            init, step = build_train_step(self.cfg, plan, KEEP_GRADIENT,
+                                          jax.devices()[:plan.n_devices])
+            state0 = init(self.params)
+            state, metrics = step(state0, self.batches[0])
+            whole = getattr(step, "full_params", lambda s: s.params)(
+                state._replace(params=state.opt_state[0].trace))
+            self._grads[key] = (whole, float(metrics["loss"]), step, state0)
+        return self._grads[key]
+
+
+def _on_device_0(tree) -> int:
+    return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards
+               if s.device == jax.devices()[0])
+
+
+def part_a(lab: Lab, out: Path) -> dict:
+    p, x = lab.layer0, lab.x
+    right = M.mlp(p, x)
+    rows, res = [], {}
+    for k in (2, 4, 8):
+        f = lab.sharded(lambda q, h: M.mlp(q, jax.lax.pcast(h, "tp", to="varying"),
+                                            lambda y: jax.lax.psum(y, "tp")), k)
+        specs = param_specs(lab.axes, Plan(tp=k))
+        placed = jax.device_put(p, jax.tree.map(lambda s: jax.sharding.NamedSharding(
+            make_mesh(f"tp={k}", jax.devices()[:k]), s), specs, is_leaf=lambda s: isinstance(s, P)))
+        diff = float(jnp.max(jnp.abs(f(placed, x) - right)))
+        mlp_bytes = sum(_on_device_0(placed[n]) for n in ("w1", "b1", "w2"))
+        whole = sum(p[n].nbytes for n in ("w1", "b1", "w2"))
+        res[k] = {"max_abs_diff": diff, "bytes_per_device": mlp_bytes, "whole_bytes": whole}
+        rows.append([k, f"{diff:.1e}", f"{mlp_bytes:,}", f"{whole // k:,}"])
+    print_table("a. Megatron MLP: W1 by columns, W2 by rows, one all-reduce",
+                ["k", "max |diff| vs 1 device", "W1, b1, W2 bytes/device", "whole / k"], rows)
+    halves = np.split(np.arange(lab.cfg.d_model), 2)
+    wrong = sum(jax.nn.gelu(x[..., i] @ p["w1"][i] + p["b1"] / 2) for i in halves) @ p["w2"] \
+        + p["b2"]
+    res["wrong_split_max_abs_diff"] = float(jnp.max(jnp.abs(wrong - right)))
+    res["output_scale"] = float(jnp.max(jnp.abs(right)))
+    print(f"  wrong split (W1 by rows, GELU of the partial sums, k=2): max |diff| "
+          f"{res['wrong_split_max_abs_diff']:.2e} against outputs up to {res['output_scale']:.2e}"
+          ": GELU(a) + GELU(b) != GELU(a + b)")
+    return res
+
+
+def part_b(lab: Lab, out: Path) -> dict:
+    p, x = lab.layer0, lab.x
+    right = M.attention(p, x)
+    rows, res = [], {}
+    for k in (2, 4, 8):
+        f = lab.sharded(lambda q, h: M.attention(q, jax.lax.pcast(h, "tp", to="varying"),
+                                                  lambda y: jax.lax.psum(y, "tp")), k)
+        diff = float(jnp.max(jnp.abs(f(p, x) - right)))
+        res[k] = {"max_abs_diff": diff, "heads_per_device": lab.cfg.n_heads // k}
+        rows.append([k, lab.cfg.n_heads // k, f"{diff:.1e}"])
+    print_table("b. attention split by heads (Q, K, V by output, O by input)",
+                ["k", "heads per device", "max |diff| vs 1 device"], rows)
+    return res
+
+
+def part_c(lab: Lab, out: Path) -> dict:
+    ref, ref_loss, _, _ = lab.gradient(Plan())
+    cases = [(s, p, m) for s in ("gpipe", "1f1b") for p in (2, 4) for m in (1, 8)]
+    cases += [("interleaved", 2, 2), ("interleaved", 4, 4)]
+    rows, res = [], []
+    for i, (schedule, p, m) in enumerate(cases):
+        log(f"  pipeline {i + 1}/{len(cases)}: {schedule}, {p} stages, {m} micro-batches")
+        v = 2 if schedule == "interleaved" else 1
+        g, loss, _, _ = lab.gradient(Plan(pp=p, micro_batches=m, schedule=schedule, virtual=v))
+        r = {"schedule": schedule, "stages": p, "micro_batches": m, "virtual": v,
+             "max_rel_grad_diff": measure.max_rel_diff(g, ref),
+             "loss_rel_diff": abs(loss - ref_loss) / ref_loss,
+             "activation_slots": tick_table(schedule, p, m, v).slots}
+        res.append(r)
+        rows.append([schedule, p, m, v, f"{r['max_rel_grad_diff']:.1e}",
+                     f"{r['loss_rel_diff']:.1e}", r["activation_slots"]])
+    print_table("c. pipeline gradients vs the unpipelined model (whole batch, tiny8)",
+                ["schedule", "stages", "micro-batches", "v", "max rel grad diff", "loss diff",
+                 "inputs kept"], rows)
+    return {"cases": res}
+
+
+def part_d(lab: Lab, out: Path) -> dict:
+    res = {}
+    for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+        tl = sched.run(schedule, 4, 4, v)
+        print(f"d. {schedule}, p = 4, m = 4{f', v = {v}' if v > 1 else ''} "
+              "(forward 1, backward 2):")
+        print(sched.text_chart(tl))
+        sched.gantt_png(tl, out / f"schedule_{schedule}.png", title=f"{schedule}, p=4, m=4")
+        res[schedule] = {"idle_measured": float(tl.idle_fraction),
+                         "idle_formula": float(sched.bubble_fraction(schedule, 4, 4, v)),
+                         "peak_in_flight": tl.peak_in_flight}
+    need = {p: sched.smallest_micro_batches("1f1b", p) for p in (4, 8)}
+    print_table("   idle fraction: simulator vs formula; exercise 3 (idle <= 10%)",
+                ["schedule", "measured", "formula", "peak in flight per device"],
+                [[k, f"{r['idle_measured']:.4f}", f"{r['idle_formula']:.4f}", r["peak_in_flight"]]
+                 for k, r in res.items()])
+    print(f"  smallest m with idle <= 10% (simulated): p=4 -> {need[4]}, p=8 -> {need[8]}")
+    return {"schedules": res, "exercise_3": need}
+
+
+def part_e(lab: Lab, out: Path) -> dict:
+    L, h, b, s = 32, 4096, 8, 2048
+    tp = cm.tp_step_volume(L, s, b, h, tp=8)
+    pp = cm.pp_step_volume(s, b, h, pp=8)
+    dp = cm.dp_gradient_allreduce(12 * L * h * h, 8, grad_bytes=2)
+    rows = [["TP (8 devices)", f"{tp['allreduces_per_step']} all-reduces of "
+             f"{tp['allreduce_bytes'] / 1e6:.0f} MB", f"{tp['payload_bytes_per_step'] / 1e9:.1f} GB"],
+            ["PP (8 stages)", "activations + gradients per boundary",
+             f"{pp['boundary_bytes_per_step'] / 1e6:.0f} MB"],
+            ["DP (8 replicas)", f"gradient all-reduce of 12 L h^2 = {12 * L * h * h / 1e9:.2f}B "
+             "bf16 parameters", f"{dp['payload_bytes'] / 1e9:.1f} GB"]]
+    print_table(f"e. communication per step, {L} layers, h = {h}, {b} x {s} tokens, 16-bit",
+                ["strategy", "what moves", "bytes"], rows)
+    return {"tp": tp, "pp": pp, "dp": dp}
+
+
+def part_f(lab: Lab, out: Path) -> dict:
+    cfg, res = lab.cfg, {}
+    curves = {}
+    for name, plan in (("single", Plan()), ("3d", Plan(dp=2, tp=2, pp=2, micro_batches=4))):
+        init, step = build_train_step(cfg, plan, optim.adamw(3e-3), jax.devices()[:plan.n_devices])
+        state, curve = init(lab.params), []
+        for b in lab.batches:
+            state, m = step(state, b)
+            curve.append(float(m["loss"]))
+        curves[name] = curve
+    res["loss_rel_diff_20_steps"] = max(abs(a - b) / b for a, b in zip(curves["3d"],
+                                                                        curves["single"]))
+    m = 2
+    _, _, step, state = lab.gradient(Plan(dp=2, tp=2, pp=2, micro_batches=m))
+    batch = lab.batches[0]
+    hlo = step.jitted.lower(state, step.place_batch(batch)).as_text(dialect="hlo")
+    table = tick_table("1f1b", 2, m)
+    share = {k: float(np.mean(table.kind[:, 0] == k)) for k in range(3)}
+    axes = measure.bytes_by_axis(hlo, {"dp": 2, "pp": 2, "tp": 2}, share)
+    act = BATCH // 2 // m * batch["tokens"].shape[1] * cfg.d_model * 4
+    per_stage = cfg.n_layers // 2
+    predicted = {"tp": m * per_stage * 6 * act, "pp_permute": 2 * table.ticks * act,
+                 "pp_useful": 2 * m * act,
+                 "dp": sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state.params))}
+    res["bytes"] = {"measured": axes, "predicted": predicted}
+    print_table(f"f. dp=2, tp=2, pp=2, 1F1B, m={m}: bytes per device per step (HLO vs count)", [
+        "axis", "op", "measured", "predicted", "why"], [
+        ["tp", "all-reduce", f"{axes['tp']['all-reduce']['bytes']:,.0f}", f"{predicted['tp']:,}",
+         "2 per layer in F, 4 in B (recomputes F) x micro-batches"],
+        ["pp", "collective-permute", f"{axes['pp']['collective-permute']['bytes']:,}",
+         f"{predicted['pp_permute']:,}", f"2 per tick x {table.ticks} ticks (useful: "
+         f"{predicted['pp_useful']:,}, the rest idle ticks' zeros)"],
+        ["dp", "all-reduce", f"{axes['dp']['all-reduce']['bytes']:,}", f"{predicted['dp']:,}",
+         "this device's gradient shard"]])
+    temps = {}
+    for schedule in ("gpipe", "1f1b"):
+        _, _, stp, st = lab.gradient(Plan(pp=2, micro_batches=8, schedule=schedule))
+        temps[schedule] = measure.memory(stp.jitted.lower(st, stp.place_batch(batch))
+                                         .compile())["temporaries"]
+    res["temporaries_pp2_m8"] = temps
+    times = {}
+    for name, plan in (("single", Plan()), ("tp2", Plan(tp=2)),
+                       ("pp2_gpipe", Plan(pp=2, micro_batches=8, schedule="gpipe")),
+                       ("pp2_1f1b", Plan(pp=2, micro_batches=8)),
+                       ("pp2_interleaved", Plan(pp=2, micro_batches=8, schedule="interleaved",
+                                                virtual=2)),
+                       ("3d", Plan(dp=2, tp=2, pp=2, micro_batches=m))):
+        _, _, stp, st = lab.gradient(plan)
+        fn = getattr(stp, "jitted", stp)
+        bb = stp.place_batch(batch) if hasattr(stp, "place_batch") else batch
+        times[name] = measure.step_seconds(lambda f=fn, s=st, x=bb: f(s, x)[1]["loss"],
+                                           repeats=7)["median_s"]
+    res["step_ratio_to_single"] = {k: t / times["single"] for k, t in times.items()}
+    print(f"  20 steps, loss vs one device: max rel diff {res['loss_rel_diff_20_steps']:.1e}")
+    print(f"  temporaries, pp=2, m=8: GPipe {temps['gpipe']:,} B, 1F1B {temps['1f1b']:,} B")
+    print("  step time / single device (8 CPU devices on 2 cores): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in res["step_ratio_to_single"].items()))
+    return res
+
+
+PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f}
+TITLES = {"a": "tensor-parallel MLP", "b": "attention by heads", "c": "pipeline gradients",
+          "d": "schedules", "e": "communication table", "f": "3-D"}
+
+
+def main(argv=None) -> int:
+    log(f"{len(jax.devices())} {jax.devices()[0].platform} devices")
+    return run_experiment("model_parallel", __doc__, PARTS, TITLES, Lab, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
