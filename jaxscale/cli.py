@@ -17,7 +17,7 @@ EXIT_USAGE = 2
 
 # Subcommands beyond `train`: each module in jaxscale/commands/ has register(subparsers),
 # which adds its parser (class _Parser, so errors are one line) and sets `run=handler`.
-COMMAND_MODULES: tuple[str, ...] = ("memory", "comm", "failures", "plan", "schedule")
+COMMAND_MODULES: tuple[str, ...] = ("compare", "memory", "comm", "failures", "plan", "schedule")
 
 class UsageError(ValueError):
     """A command-line value is invalid."""

@@ -213,6 +213,23 @@ def ring_bytes_sent(hlo_text: str, k: int, skip_scalars: bool = True) -> int:
     return round(total)
 
 
+def ring_bytes_by_op(hlo_text: str, branch_share: dict[int, float] | None = None,
+                     skip_scalars: bool = True) -> dict[str, float]:
+    """{op: bytes one device sends per run} if every collective runs as a ring over its own
+    replica group (size g): all-reduce of r bytes 2(g-1)/g r; all-gather to r bytes
+    (g-1)/g r; reduce-scatter to r bytes (g-1) r; collective-permute r."""
+    out: dict[str, float] = {}
+    for c in collectives(hlo_text, branch_share):
+        if skip_scalars and not any(len(d) for _, d in c.shapes):
+            continue
+        g = len(c.groups[0]) if c.groups else 2
+        factor = {"all-reduce": 2 * (g - 1) / g, "all-gather": (g - 1) / g,
+                  "reduce-scatter": g - 1, "collective-permute": 1,
+                  "all-to-all": (g - 1) / g}[c.op]
+        out[c.op] = out.get(c.op, 0.0) + factor * c.nbytes * c.times
+    return out
+
+
 def max_rel_diff(a, b, floor: float = 1e-4) -> float:
     """max over tensors of max|a - b| / max|b|, each tensor against its own scale, but never
     against less than `floor` x the largest tensor's scale.

@@ -131,7 +131,7 @@ def test_mean_of_shard_means_is_wrong_when_token_counts_differ(devices):
     (Plan(zero_stage=5), {}, "zero_stage must be 0, 1, 2 or 3, got 5"),
     (Plan(schedule="zigzag"), {}, "unknown pipeline schedule 'zigzag'"),
     (Plan(precision="fp8"), {}, "unknown precision policy 'fp8'"),
-    (Plan(tp=2), {}, "not available yet: tp=2"),
+    (Plan(pp=2, micro_batches=2, schedule="interleaved"), {}, "interleaved needs"),
 ])
 def test_plan_validation(plan, kwargs, message):
     with pytest.raises(PlanError, match=message):

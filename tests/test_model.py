@@ -75,5 +75,5 @@ def test_bad_configs_are_refused():
         M.ModelConfig(vocab_size=10, seq_len=8, d_model=32, n_layers=1, n_heads=3, d_ff=8)
     with pytest.raises(M.ModelConfigError, match="n_layers must be positive, got 0"):
         M.ModelConfig(vocab_size=10, seq_len=8, d_model=32, n_layers=0, n_heads=4, d_ff=8)
-    with pytest.raises(M.ModelConfigError, match="unknown model 'huge'.*tiny, small"):
+    with pytest.raises(M.ModelConfigError, match="unknown model 'huge'.*tiny, tiny8, small"):
         M.preset("huge")
