@@ -32,6 +32,14 @@ def _largest(limit: int, ok) -> int:
     return max(k for k in range(1, limit + 1) if limit % k == 0 and ok(k))
 
 
+def _need_split(k: int, axis: str, n: int, cfg) -> int:
+    if k == 1:
+        what = (f"the heads ({cfg.n_heads}) and the MLP width ({cfg.d_ff})" if axis == "tp"
+                else f"the layers ({cfg.n_layers})")
+        raise CompareError(f"no {axis} > 1 divides both {n} devices and {what}")
+    return k
+
+
 def strategy_plan(name: str, n: int, cfg: modellib.ModelConfig) -> Plan:
     """The Plan a strategy name stands for on n devices (see STRATEGIES)."""
     tp_ok = lambda k: cfg.n_heads % k == 0 and cfg.d_ff % k == 0  # noqa: E731
@@ -49,19 +57,19 @@ def strategy_plan(name: str, n: int, cfg: modellib.ModelConfig) -> Plan:
     if name.startswith("zero"):
         return Plan(dp=n, zero_stage=int(name[-1]))
     if name == "tp":
-        return Plan(tp=_largest(n, tp_ok))
+        return Plan(tp=_need_split(_largest(n, tp_ok), "tp", n, cfg))
     if name == "pp":
-        return Plan(pp=_largest(n, pp_ok), micro_batches=m)
+        return Plan(pp=_need_split(_largest(n, pp_ok), "pp", n, cfg), micro_batches=m)
     if name == "dp+tp":
-        tp = _largest(n // 2, tp_ok)
+        tp = _need_split(_largest(n // 2, tp_ok), "tp", n // 2, cfg)
         return Plan(dp=n // tp, tp=tp)
     if name == "dp+pp":
-        pp = _largest(n // 2, pp_ok)
+        pp = _need_split(_largest(n // 2, pp_ok), "pp", n // 2, cfg)
         return Plan(dp=n // pp, pp=pp, micro_batches=m)
     if n % 8 or not tp_ok(2) or not pp_ok(2):
         raise CompareError(f"strategy '3d' (dp x 2 x 2) needs a multiple of 8 devices and a "
                            f"model with tp=2 and pp=2 divisors, got {n} devices")
-    return Plan(dp=n // 4, tp=2, pp=2, micro_batches=m)
+    return Plan(dp=n // 4, tp=2, pp=2, micro_batches=m, zero_stage=1)
 
 
 def params_per_device(cfg: modellib.ModelConfig, plan: Plan) -> dict[str, float]:
@@ -109,7 +117,8 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
     if plan.pp > 1:
         ticks = tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).ticks
         add("collective-permute", 2 * ticks * act)
-        add("all-reduce", ring(4 * psi["top"], plan.pp))
+        # the shared embeddings' and final LayerNorm's gradients (ZeRO: their dp slices)
+        add("all-reduce", ring(4 * psi["top"] / (k if z else 1), plan.pp))
     return {"params_per_device": psi["total"], "states": states, "sent": sent}
 
 

@@ -32,7 +32,7 @@ def register(subparsers) -> None:
             "by collective (read from the HLO) next to the cost model, compile time, median "
             "step time as a ratio to one device, and the pipeline's idle share. Strategies: "
             "single; dp; zero1/zero2/zero3 (over dp); tp (largest the heads allow); pp "
-            "(largest the layers allow, 1F1B); dp+tp; dp+pp; 3d (dp x tp=2 x pp=2)."))
+            "(largest the layers allow, 1F1B); dp+tp; dp+pp; 3d (dp x tp=2 x pp=2, ZeRO-1)."))
     p.add_argument("--devices", type=_number(), default=8, metavar="N",
                    help="devices to use (CPU: forced host devices; default 8)")
     p.add_argument("--platform", default="auto", choices=PLATFORMS, metavar="NAME",

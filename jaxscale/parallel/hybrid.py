@@ -11,7 +11,10 @@ Inside the step: the blocks run tensor parallel over `tp` (two all-reduces per l
 forward, two backward: jaxscale.model.block), the pipeline schedule runs over `pp`
 (jaxscale.parallel.pipeline) or, with pp = 1, micro-batches accumulate as in plain DP, and
 the gradients are all-reduced over `dp`. The optimizer updates each device's own shards;
-it must be elementwise (as for ZeRO).
+it must be elementwise (as for ZeRO). With zero_stage=1 the optimizer state (and fp32
+master weights) is also split over `dp`, as in jaxscale.parallel.zero, on each device's
+own (tp- and pp-) shards: the dp all-reduce becomes a reduce-scatter, the update runs on
+the owned slice, and an all-gather over dp rebuilds the shard.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxscale import devices as devlib, model as modellib, precision
 from jaxscale.parallel.data import AXIS, ShardedStep, accumulated_value_and_grad
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
-from jaxscale.parallel.zero import _check_elementwise
+from jaxscale.parallel.zero import ZeroLayout, _check_elementwise
 
 RULES = {"heads": "tp", "mlp": "tp", "layers": "pp"}
 
@@ -66,6 +69,41 @@ class MeshLayout(precision.Replicated):
         return jnp.sqrt(sum(jax.tree.leaves(jax.tree.map(sq, tree, self.specs))))
 
 
+class ZeroMeshLayout(ZeroLayout):
+    """ZeRO-1 over dp on each device's tp/pp shards (`shapes`: the LOCAL shard shapes)."""
+
+    def __init__(self, local_shapes, dp: int, specs, axes):
+        super().__init__(local_shapes, dp, stage=1)
+        self.specs, self.axes = specs, axes
+
+    def all_finite(self, flag):
+        axes = (AXIS, *self.axes)
+        return lax.pmin(vary(flag.astype(jnp.int32), axes), axes).astype(bool)
+
+    def global_sum(self, x):
+        axes = (AXIS, *self.axes)
+        return lax.psum(vary(x, axes), axes)
+
+    def norm(self, tree):
+        def sq(g, spec):  # a dp slice of a shard: sum over dp and over the shard's axes
+            return lax.psum(jnp.sum(jnp.square(g)), (AXIS, *(a for a in spec if a)))
+        return jnp.sqrt(sum(jax.tree.leaves(jax.tree.map(sq, tree, self.specs))))
+
+
+def _flat_spec(spec: P, stacked: bool) -> P:
+    """Where a ZeRO-flattened leaf lives: [L, tp x dp x c] or [tp x dp x c]."""
+    split = tuple(a for a in (spec[1:] if stacked else spec) if a) + (AXIS,)
+    return P(spec[0], split) if stacked else P(split)
+
+
+def _local_shapes(shapes, specs, plan):
+    def local(s, spec):
+        dims = [d // (getattr(plan, a) if a else 1) for d, a in
+                zip(s.shape, tuple(spec) + (None,) * (len(s.shape) - len(spec)))]
+        return jax.ShapeDtypeStruct(tuple(dims), s.dtype)
+    return jax.tree.map(local, shapes, specs, is_leaf=lambda x: isinstance(x, P))
+
+
 def check_divisible(cfg: modellib.ModelConfig, plan) -> None:
     from jaxscale.parallel.plan import PlanError
     v = plan.virtual
@@ -92,12 +130,25 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
     def arrange(tree, perm=order):
         return {**tree, "blocks": jax.tree.map(lambda x: x[jnp.asarray(perm)], tree["blocks"])}
 
+    axes = tuple(a for a in ("pp", "tp") if getattr(plan, a) > 1)
+    is_spec = lambda x: isinstance(x, P)  # noqa: E731
+    _check_elementwise(jax.eval_shape(optimizer.init, shapes), shapes)
+    if plan.zero_stage:
+        layout = ZeroMeshLayout(_local_shapes(shapes, specs, plan), plan.dp, specs, axes)
+        reduce_dp = lambda g: jax.tree.map(  # noqa: E731  the reduce-scatter to my slice
+            lambda f: lax.psum_scatter(f, AXIS, scatter_dimension=f.ndim - 1, tiled=True),
+            layout.flatten(g))
+        flat_specs = jax.tree_util.tree_map_with_path(
+            lambda path, sp: _flat_spec(sp, getattr(path[0], "key", None) == "blocks"),
+            specs, is_leaf=is_spec)
+    else:
+        layout, reduce_dp, flat_specs = MeshLayout(specs, axes), None, specs
     if plan.pp > 1:
-        shared = jax.tree.map(lambda s: "pp" not in s, specs,
-                              is_leaf=lambda x: isinstance(x, P))
+        shared = jax.tree.map(lambda s: "pp" not in s, specs, is_leaf=is_spec)
         grad_fn = pipeline_value_and_grad(plan, tick_table(plan.schedule, plan.pp,
                                                            plan.micro_batches, v),
-                                          tp_axis=tp_axis, replicated_over_pp=shared)
+                                          tp_axis=tp_axis, replicated_over_pp=shared,
+                                          dp_reduce=reduce_dp)
     else:
         def nll(prm, mb):
             from jaxscale.loss import logits_nll_and_count
@@ -105,26 +156,28 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
                                                          tp_axis=tp_axis), mb)
         grad_fn = accumulated_value_and_grad(
             nll, plan.micro_batches, per_micro=lambda g: g,
-            after=lambda g: jax.tree.map(lambda x: lax.psum(x, AXIS), g), like=lambda t: t)
-    layout = MeshLayout(specs, tuple(a for a in ("pp", "tp") if getattr(plan, a) > 1))
+            after=reduce_dp or (lambda g: jax.tree.map(lambda x: lax.psum(x, AXIS), g)),
+            like=lambda t: t)
     update = precision.make_step(graphdef, optimizer, pol, jit=False, layout=layout,
                                  grad_fn=grad_fn)
-
-    def fresh_state(params32):
-        return precision.init_state(arrange(params32), optimizer, pol)
-
-    abstract = jax.eval_shape(fresh_state, shapes)
-    _check_elementwise(abstract.opt_state, shapes)
-    is_spec = lambda x: isinstance(x, P)  # noqa: E731
     state_specs = precision.TrainState(
-        specs, None if abstract.master is None else specs,
-        optax.tree_map_params(optimizer, lambda _, s: s, abstract.opt_state, specs,
-                              transform_non_params=lambda _: P(), is_leaf=is_spec),
+        specs, None if not pol.master_weights else flat_specs,
+        optax.tree_map_params(optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, shapes),
+                              flat_specs, transform_non_params=lambda _: P(), is_leaf=is_spec),
         P(), P(), P())
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
 
+    def local_state(params):  # on each device's own shards (ZeRO: its dp slice of them)
+        arranged = layout.target if plan.zero_stage else None
+        return precision.init_state(params, optimizer, pol, arrange=arranged)
+
+    make = jax.jit(jax.shard_map(local_state, mesh=mesh, in_specs=(specs,),
+                                 out_specs=state_specs))
+
     def init(params32):
-        return jax.device_put(fresh_state(params32), shardings)
+        placed = jax.device_put(arrange(params32), jax.tree.map(
+            lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec))
+        return make(placed)
 
     compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(state_specs, P(AXIS)),
                                      out_specs=(state_specs, P())))

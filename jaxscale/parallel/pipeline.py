@@ -124,12 +124,13 @@ def _zeros_like(x):
 
 
 def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp",
-                            tp_axis=None, replicated_over_pp=None):
+                            tp_axis=None, replicated_over_pp=None, dp_reduce=None):
     """grad_fn for precision.make_step running the pipeline (see the module docstring).
 
     `params` arrive with the blocks' layer axis split over pp (this device's v chunks, in
     order) and everything else whole. Returns (global loss, gradients summed over dp, and
     over pp for the parameters every stage holds: embeddings and the final LayerNorm).
+    `dp_reduce(grads)` replaces the dp all-reduce (ZeRO-1: a reduce-scatter to slices).
     """
     p, m, v = plan.pp, plan.micro_batches, plan.virtual
 
@@ -190,7 +191,8 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
         rows = tuple(jnp.asarray(a) for a in (table.kind, table.micro, table.chunk, table.slot,
                                              table.gslot, table.recv, table.grecv))
         (_, _, grads, loss), _ = lax.scan(tick, carry, rows)
-        grads = jax.tree.map(lambda g: lax.psum(g, dp_axis), grads)
+        grads = (jax.tree.map(lambda g: lax.psum(g, dp_axis), grads) if dp_reduce is None
+                 else dp_reduce(grads))
         grads = jax.tree.map(lambda g, shared: lax.psum(g, pp_axis) if shared else g,
                              grads, replicated_over_pp)
         return lax.psum(loss, (dp_axis, pp_axis)), grads

@@ -89,9 +89,9 @@ class Plan:
                 sched.check_sizes(self.schedule, self.pp, self.micro_batches, self.virtual)
             except sched.ScheduleError as e:
                 raise PlanError(str(e)) from None
-        if self.zero_stage and (self.tp > 1 or self.pp > 1):
-            raise PlanError(f"ZeRO (zero_stage={self.zero_stage}) shards over dp in a dp-only "
-                            f"mesh; it is not combined with tp={self.tp}, pp={self.pp} yet")
+        if self.zero_stage > 1 and (self.tp > 1 or self.pp > 1):
+            raise PlanError(f"ZeRO stage {self.zero_stage} shards over dp in a dp-only mesh; "
+                            f"with tp={self.tp}, pp={self.pp} only zero_stage=1 is available")
         return self
 
     def as_dict(self) -> dict:
