@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fresh-machine entry point: needs only python3 (with venv and pip).
-#   bash scripts/dev.sh run   -> install into .venv, then run the main job (jaxscale train)
+#   bash scripts/dev.sh run   -> install into .venv, then run the main job (jaxscale compare)
 #   bash scripts/dev.sh test  -> install into .venv (with test extras), then run all tests
-# Extra arguments go to the command: bash scripts/dev.sh run --steps 200 --json
+# Extra arguments go to the command: bash scripts/dev.sh run --steps 10 --json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
@@ -25,7 +25,7 @@ install() {
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
-  run)  install; exec "$venv/bin/jaxscale" train "$@" ;;
+  run)  install; exec "$venv/bin/jaxscale" compare "$@" ;;
   test) install; exec "$venv/bin/python" -m pytest -n 2 "$@" ;;
   *)    echo "usage: bash scripts/dev.sh run|test [ARGS...]" >&2; exit 2 ;;
 esac
