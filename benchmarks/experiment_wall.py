@@ -5,7 +5,7 @@
 Runs `python -m experiments.<name> --json` in fresh processes: `--repeats` times with the
 persistent compilation cache off (a first run on a new machine), then once to fill a
 private cache and `--repeats` times with it warm (every later run). Records the medians,
-each run's per-part timings, and the module's 60 s target in
+each run's per-part timings, and the module's target (60 s; model_parallel 90 s) in
 benchmarks/results/experiment_<name>.json.
 """
 import argparse
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET_S = 60.0
+TARGETS_S = {"model_parallel": 90.0}  # the issues' targets; 60 s for the others
 
 
 def run(name: str, cache: str) -> dict:
@@ -50,14 +50,15 @@ def main():
             warm.append(run(args.name, cache))
             print(f"warm {i + 1}/{args.repeats}: {warm[-1]['wall_s']:.1f} s", file=sys.stderr)
     med = lambda runs: statistics.median(r["wall_s"] for r in runs)  # noqa: E731
-    result = {"benchmark": f"experiment_{args.name}", "target_wall_s": TARGET_S,
+    target = TARGETS_S.get(args.name, 60.0)
+    result = {"benchmark": f"experiment_{args.name}", "target_wall_s": target,
               "median_cold_s": med(cold), "median_warm_s": med(warm),
-              "meets_target_cold": med(cold) <= TARGET_S, "cold": cold, "warm": warm,
+              "meets_target_cold": med(cold) <= target, "cold": cold, "warm": warm,
               "cpus": os.cpu_count()}
     out = ROOT / "benchmarks" / "results" / f"experiment_{args.name}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"experiments.{args.name}: median {med(cold):.1f} s cold, {med(warm):.1f} s warm "
-          f"(target <= {TARGET_S:.0f} s); written to {out.relative_to(ROOT)}")
+          f"(target <= {target:.0f} s); written to {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -204,8 +204,7 @@ def part_f(lab: Lab, out: Path) -> dict:
     batch = lab.batches[0]
     hlo = step.jitted.lower(state, step.place_batch(batch)).as_text(dialect="hlo")
     table = tick_table("1f1b", 2, m)
-    share = {k: float(np.mean(table.kind[:, 0] == k)) for k in range(3)}
-    axes = measure.bytes_by_axis(hlo, {"dp": 2, "pp": 2, "tp": 2}, share)
+    axes = measure.bytes_by_axis(hlo, {"dp": 2, "pp": 2, "tp": 2}, table.branch_share())
     act = BATCH // 2 // m * batch["tokens"].shape[1] * cfg.d_model * 4
     per_stage = cfg.n_layers // 2
     predicted = {"tp": m * per_stage * 6 * act, "pp_permute": 2 * table.ticks * act,

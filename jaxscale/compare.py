@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import time
 
-import jax
-import numpy as np
 
 from jaxscale import costmodel as cm, measure, model as modellib
 from jaxscale.parallel.pipeline import tick_table
@@ -84,7 +82,15 @@ def params_per_device(cfg: modellib.ModelConfig, plan: Plan) -> dict[str, float]
 
 
 def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int]) -> dict:
-    """Predicted per-device model-state bytes and ring bytes sent per step (fp32, Adam)."""
+    """Predicted per-device model-state bytes and ring bytes sent per step (fp32, Adam).
+
+    Modelled: dp, tp, pp, schedule, virtual, micro_batches, zero_stage. Not modelled, and
+    refused: remat (full remat repeats tp's forward all-reduces), precision other than fp32,
+    ZeRO-3 with micro-batches (its gathers repeat per micro-batch)."""
+    if plan.remat != "none" or plan.precision != "fp32" or (plan.zero_stage == 3
+                                                            and plan.micro_batches > 1):
+        raise CompareError(f"the prediction covers fp32 plans without remat (and ZeRO-3 "
+                           f"with one micro-batch); got {plan}")
     psi = params_per_device(cfg, plan)
     k, z = plan.dp, plan.zero_stage
     states = cm.model_state_bytes(psi["total"], k, z, "fp32")
@@ -133,27 +139,24 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
     lowered = fn.lower(state, placed)
     compiled = lowered.compile()
     compile_s = time.perf_counter() - t0
-    share = None
-    if plan.pp > 1:
-        t = tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
-        share = {i: float(np.mean(t.kind[:, 0] == i)) for i in range(3)}
-    sent = measure.ring_bytes_by_op(lowered.as_text(dialect="hlo"), share)
+    table = (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
+             if plan.pp > 1 else None)
+    sent = measure.ring_bytes_by_op(lowered.as_text(dialect="hlo"),
+                                    table.branch_share() if table else None)
     mem = measure.memory(compiled)
     losses = []
     for b in batches:
         state, metrics = compiled(state, place(b))
         losses.append(float(metrics["loss"]))
     timing = measure.step_seconds(lambda: compiled(state, placed)[1]["loss"], repeats=9)
-    on0 = lambda tree: sum(  # noqa: E731
-        s.data.nbytes for x in jax.tree.leaves(tree) if getattr(x, "ndim", 0)
-        for s in x.addressable_shards if s.device == devices[0])
+    on0 = lambda tree: measure.bytes_on_device(tree, devices[0])  # noqa: E731
     out = {"name": name, "plan": plan.as_dict(), "n_devices": plan.n_devices,
            "losses": losses, "compile_s": compile_s, "step_s": timing["median_s"],
            "memory": {"params": on0(state.params), "master": on0(state.master),
                       "optimizer": on0(state.opt_state), **mem},
            "sent": sent}
-    if plan.pp > 1:
-        out["idle_ticks"] = share[0]
+    if table is not None:  # the idle share of the schedule the executor runs (unit ticks)
+        out["idle_schedule"] = table.branch_share()[0]
         from jaxscale.parallel.schedule import bubble_fraction
         out["idle_formula"] = float(bubble_fraction(plan.schedule, plan.pp, plan.micro_batches,
                                                     plan.virtual))

@@ -36,7 +36,8 @@ class Collective:
     nbytes: int  # result bytes on one device
     pairs: tuple[tuple[int, int], ...] = ()  # collective-permute: (source, target)
     times: float = 1  # executions per run of the program (loop trip counts multiplied)
-    groups: tuple[tuple[int, ...], ...] = ()  # replica groups (device positions in the mesh)
+    groups: tuple[tuple[int, ...], ...] | None = ()  # replica groups (positions in the mesh);
+    # () when the op has none (collective-permute), None for "every device"
     branch: int | None = None  # inside branch i of a conditional (lax.switch / cond)
 
 
@@ -45,6 +46,8 @@ _CALLS = re.compile(r"\b(body|condition|to_apply|calls|true_computation|false_co
 _BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
 _TRIP = re.compile(r"constant\((?P<n>\d+)\)")
 _GROUPS = re.compile(r"replica_groups=\{(?P<groups>(?:\{[\d,]*\},?)*)\}")
+_IOTA = re.compile(r"replica_groups=\[(?P<groups>\d+),(?P<size>\d+)\]<=\[(?P<total>\d+)\]"
+                   r"(?P<transpose>T\([\d,]*\))?")
 
 
 def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
@@ -64,17 +67,14 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
     return comps, entry
 
 
-def _times_run(comps: dict[str, list[str]], entry: str) -> tuple[dict, dict]:
-    """How many times each computation runs per run of `entry` (while bodies x trip count;
-    a conditional's branches each as often as the conditional), and which branch index of
-    a conditional each computation runs under."""
-    times: dict[str, int] = {}
-    branch_of: dict[str, int] = {}
+def _times_run(comps: dict[str, list[str]], entry: str) -> dict[tuple[str, int | None], int]:
+    """How many times each computation runs per run of `entry`, keyed by (computation,
+    the index of the conditional branch it runs under, or None): while bodies run trip
+    count times; each branch of a conditional as often as the conditional."""
+    times: dict[tuple[str, int | None], int] = {}
 
     def visit(name: str, n: int, branch: int | None = None) -> None:
-        times[name] = times.get(name, 0) + n
-        if branch is not None:
-            branch_of[name] = branch
+        times[name, branch] = times.get((name, branch), 0) + n
         for line in comps.get(name, ()):
             calls = {m["name"]: m[1] for m in _CALLS.finditer(line)}
             for b in _BRANCHES.finditer(line):
@@ -83,13 +83,29 @@ def _times_run(comps: dict[str, list[str]], entry: str) -> tuple[dict, dict]:
             trip = 1
             if "condition" in calls.values():
                 cond = next(c for c, kind in calls.items() if kind == "condition")
-                trips = [int(m["n"]) for l in comps.get(cond, ()) for m in _TRIP.finditer(l)]
+                trips = [int(m["n"]) for line_ in comps.get(cond, ()) for m in _TRIP.finditer(line_)]
                 trip = max(trips) if trips else 1
             for callee, kind in calls.items():
                 visit(callee, n * trip if kind == "body" else n,
                       kind if isinstance(kind, int) else branch)
     visit(entry, 1)
-    return times, branch_of
+    return times
+
+
+def _replica_groups(line: str) -> tuple[tuple[int, ...], ...] | None:
+    """Replica groups of an HLO collective: explicit ({{0,1},{2,3}}), iota ([2,4]<=[8]:
+    2 groups of 4 consecutive devices), () when absent, None for "all devices" ({})."""
+    if (g := _GROUPS.search(line)) is not None:
+        groups = tuple(tuple(int(v) for v in grp.split(",") if v)
+                       for grp in re.findall(r"\{([\d,]*)\}", g["groups"]))
+        return groups or None
+    if (g := _IOTA.search(line)) is not None:
+        n_groups, size = int(g["groups"]), int(g["size"])
+        if g["transpose"] or n_groups * size != int(g["total"]):
+            raise ValueError(f"replica groups written as {g[0]!r} are not read here; "
+                             "only explicit lists and plain iota [groups,size]<=[n]")
+        return tuple(tuple(range(i * size, (i + 1) * size)) for i in range(n_groups))
+    return ()
 
 
 def collectives(hlo_text: str, branch_share: dict[int, float] | None = None) -> list[Collective]:
@@ -101,9 +117,9 @@ def collectives(hlo_text: str, branch_share: dict[int, float] | None = None) -> 
     HLO cannot say which branch runs, the caller may (e.g. a pipeline's tick table).
     """
     comps, entry = _computations(hlo_text)
-    runs, branch_of = _times_run(comps, entry) if entry else ({}, {})
-    lines = [(line, runs.get(name, 0), branch_of.get(name)) for name, body in comps.items()
-             for line in body]
+    runs = _times_run(comps, entry) if entry else {}
+    lines = [(line, n, branch) for (name, branch), n in runs.items() for line in comps[name]
+             if name in comps]
     if not comps:  # not a whole module: a bare list of instructions
         lines = [(line, 1, None) for line in hlo_text.splitlines()]
     found = []
@@ -118,10 +134,7 @@ def collectives(hlo_text: str, branch_share: dict[int, float] | None = None) -> 
         if (p := _PAIRS.search(line)) is not None:
             pairs = tuple(tuple(int(v) for v in pair.split(","))
                           for pair in re.findall(r"\{(\d+,\d+)\}", p["pairs"]))
-        groups = ()
-        if (g := _GROUPS.search(line)) is not None:
-            groups = tuple(tuple(int(v) for v in grp.split(",") if v)
-                           for grp in re.findall(r"\{([\d,]*)\}", g["groups"]))
+        groups = _replica_groups(line)
         if branch is not None and branch_share is not None:
             times = times * branch_share.get(branch, 0.0)
         found.append(Collective(m["op"], shapes, nbytes, pairs, times, groups, branch))
@@ -132,6 +145,8 @@ def mesh_axes_of(c: Collective, mesh_axes: dict[str, int]) -> tuple[str, ...]:
     """The mesh axes a collective runs over: those whose coordinate differs between the
     members of its first replica group (or the first source/target pair). Device positions
     are row-major over `mesh_axes` (e.g. {"dp": 2, "pp": 2, "tp": 2}, tp innermost)."""
+    if c.groups is None:  # every device
+        return tuple(n for n, size in mesh_axes.items() if size > 1)
     members = c.groups[0] if c.groups else (c.pairs[0] if c.pairs else ())
     names, sizes = list(mesh_axes), list(mesh_axes.values())
     coords = [np.unravel_index(d, sizes) for d in members]
@@ -190,6 +205,16 @@ def step_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> dict[str, flo
             "repeats": repeats}
 
 
+def bytes_on_device(tree, device, arrays_only: bool = True) -> int:
+    """Bytes of a tree of (sharded) arrays that live on `device` (scalars left out unless
+    arrays_only=False)."""
+    import jax
+
+    return sum(s.data.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "addressable_shards")
+               and (x.ndim or not arrays_only)
+               for s in x.addressable_shards if s.device == device)
+
+
 def compile_seconds(jitted, *args):
     """(compiled program, seconds to lower and compile it) for a jax.jit function."""
     import time
@@ -199,30 +224,26 @@ def compile_seconds(jitted, *args):
     return compiled, time.perf_counter() - t0
 
 
-def ring_bytes_sent(hlo_text: str, k: int, skip_scalars: bool = True) -> int:
-    """Bytes one device sends per step if every collective runs as a ring over k devices:
-    all-reduce of r bytes 2(k-1)/k r; all-gather to r bytes (k-1)/k r; reduce-scatter to r
-    bytes (k-1) r; collective-permute r. Scalars (loss, token count, flags) are skipped."""
-    factor = {"all-reduce": 2 * (k - 1) / k, "all-gather": (k - 1) / k,
-              "reduce-scatter": k - 1, "collective-permute": 1, "all-to-all": (k - 1) / k}
-    total = 0.0
-    for c in collectives(hlo_text):
-        if skip_scalars and not any(len(d) for _, d in c.shapes):
-            continue
-        total += factor[c.op] * c.nbytes * c.times
-    return round(total)
+def ring_bytes_sent(hlo_text: str, k: int | None = None, skip_scalars: bool = True) -> int:
+    """Bytes one device sends per run if every collective runs as a ring (see
+    ring_bytes_by_op), summed over the ops; `k`: the device count, for ops over all devices."""
+    return round(sum(ring_bytes_by_op(hlo_text, n_devices=k, skip_scalars=skip_scalars)
+                     .values()))
 
 
 def ring_bytes_by_op(hlo_text: str, branch_share: dict[int, float] | None = None,
-                     skip_scalars: bool = True) -> dict[str, float]:
+                     skip_scalars: bool = True, n_devices: int | None = None) -> dict[str, float]:
     """{op: bytes one device sends per run} if every collective runs as a ring over its own
     replica group (size g): all-reduce of r bytes 2(g-1)/g r; all-gather to r bytes
-    (g-1)/g r; reduce-scatter to r bytes (g-1) r; collective-permute r."""
+    (g-1)/g r; reduce-scatter to r bytes (g-1) r; collective-permute r. An op over every
+    device (no groups written) needs `n_devices`."""
     out: dict[str, float] = {}
     for c in collectives(hlo_text, branch_share):
         if skip_scalars and not any(len(d) for _, d in c.shapes):
             continue
-        g = len(c.groups[0]) if c.groups else 2
+        if c.groups is None and n_devices is None:
+            raise ValueError(f"a {c.op} runs over every device; pass n_devices")
+        g = n_devices if c.groups is None else (len(c.groups[0]) if c.groups else 1)
         factor = {"all-reduce": 2 * (g - 1) / g, "all-gather": (g - 1) / g,
                   "reduce-scatter": g - 1, "collective-permute": 1,
                   "all-to-all": (g - 1) / g}[c.op]

@@ -7,7 +7,7 @@ parameters.
 
 The L blocks are not L modules: each block parameter is ONE array with a leading `layers`
 axis, and the forward pass runs `jax.lax.scan` over it. Pipeline parallelism later shards
-that axis across stages; no second model is written. Every parameter carries logical axis
+that axis across stages (jaxscale.parallel.pipeline); no second model is written. Every parameter carries logical axis
 names (`axes` metadata: vocab, embed, heads, head_dim, mlp, layers, position) that a
 sharding Plan maps onto mesh axes.
 """
@@ -70,6 +70,9 @@ PRESETS: dict[str, ModelConfig] = {
     "7b": ModelConfig(vocab_size=32000, seq_len=4096, d_model=4096, n_layers=32,
                       n_heads=32, d_ff=16384),
 }
+
+
+CPU_PRESETS = ("tiny", "tiny8", "small")  # the ones small enough to train on a laptop's CPU
 
 
 def preset(name: str) -> ModelConfig:
@@ -169,41 +172,17 @@ class Transformer(nnx.Module):
         return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, self.blocks.remat)
 
 
-def forward(params: dict, tokens: jax.Array, remat: str = "none", fetch=None,
+def forward(params: dict, tokens: jax.Array, remat: str = "none",
             tp_axis: str | None = None) -> jax.Array:
     """The model as a pure function of its parameters (a nested dict): token ids -> logits.
 
-    Three units run in turn: `embed` (token + position embeddings), the L blocks (one
-    `lax.scan` over the stacked layer parameters) and `head` (final LayerNorm, then the tied
-    output projection logits = h @ E^T).
-
-    `fetch(unit_params, layer)` turns what a unit is given into whole tensors just before the
-    unit uses them (`layer` is True for one block's parameters). Default: they already are.
-    ZeRO stage 3 passes a fetch that all-gathers the unit's slices; each unit then runs under
-    `jax.checkpoint`, so the gathered copy is dropped after the forward pass and gathered
-    again in the backward pass, when it is needed (see jaxscale.parallel.zero).
-    `tp_axis`: the blocks run tensor parallel over that mesh axis (see `block`).
+    Three units run in turn: `embed` (token + position embeddings), the L blocks (`layers`:
+    one `lax.scan` over the stacked layer parameters) and `head` (final LayerNorm, then the
+    tied output projection logits = h @ E^T). `tp_axis`: the blocks run tensor parallel
+    over that mesh axis (see `block`). ZeRO-3 runs the same units on gathered slices
+    (jaxscale.parallel.zero.forward_gathered), a pipeline one stage's layers at a time.
     """
-    if fetch is None:
-        return head(params, layers(params["blocks"], embed(params, tokens), remat, tp_axis))
-
-    def embed_unit(p, tokens):
-        return embed(fetch(p, False), tokens)
-
-    def layer(x, p):
-        return block(fetch(p, True), x, tp_axis), None
-
-    def head_unit(p, x):
-        return head(fetch(p, False), x)
-
-    # keep activations (matmul outputs), never the gathered parameters
-    layer_policy = REMAT_POLICIES[remat] or jax.checkpoint_policies.dots_saveable
-    embed_unit = jax.checkpoint(embed_unit, policy=jax.checkpoint_policies.nothing_saveable)
-    head_unit = jax.checkpoint(head_unit, policy=jax.checkpoint_policies.dots_saveable)
-    layer = jax.checkpoint(layer, policy=layer_policy)
-    x = embed_unit({"tok_embed": params["tok_embed"], "pos_embed": params["pos_embed"]}, tokens)
-    x, _ = jax.lax.scan(layer, x, params["blocks"])
-    return head_unit({"ln_f": params["ln_f"], "tok_embed": params["tok_embed"]}, x)
+    return head(params, layers(params["blocks"], embed(params, tokens), remat, tp_axis))
 
 
 def embed(p, tokens):

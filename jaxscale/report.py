@@ -56,11 +56,14 @@ def plot_loss_curve(result, path: Path) -> None:
 
 
 def print_table(title: str, columns: list[str], rows: list[list], file=None) -> None:
-    """A table on the terminal (rich) or as aligned plain text (pipes, logs)."""
+    """A table on the terminal (rich); off a terminal (pipes, logs) wide enough that no
+    cell wraps."""
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=file, width=max(100, min(160, Console().width)))
+    console = Console(file=file)
+    console = Console(file=file, width=max(100, min(160, console.width))
+                      if console.is_terminal else 200)
     table = Table(title=title, title_justify="left")
     for c in columns:
         table.add_column(c, justify="left" if c == columns[0] else "right")

@@ -91,10 +91,10 @@ class TrainConfig:
         if plan.tp > 1 or plan.pp > 1:
             from jaxscale.parallel.hybrid import check_divisible
             check_divisible(modellib.preset(self.model), plan)
-        if self.model not in ("tiny", "small"):
+        if self.model not in modellib.CPU_PRESETS:
             raise TrainConfigError(
                 f"model {self.model!r} is sized for GPU/TPU and is only built abstractly here; "
-                "train 'tiny' or 'small'")
+                f"train one of {', '.join(modellib.CPU_PRESETS)}")
 
 
 def lr_schedule(cfg: TrainConfig) -> optax.Schedule:

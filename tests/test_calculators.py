@@ -1,35 +1,20 @@
 """`jaxscale memory`, `comm` and `failures`: --json figures against the lectures' numbers,
 human tables, --help, and bad input as one line with exit code 2."""
-import json
 
 import pytest
 
-import jaxscale.cli
+from jaxscale.cli import main
 from jaxscale.model import param_count, preset
 
 GIB = 2**30
 
 
 @pytest.fixture
-def cli(monkeypatch, capsys):
-    """Run `jaxscale ARGS` in-process with the calculator commands registered."""
-    monkeypatch.setattr(jaxscale.cli, "COMMAND_MODULES", ("memory", "comm", "failures", "plan"))
-
-    def run(*argv, expect=0):
-        code = jaxscale.cli.main(list(argv))
-        out = capsys.readouterr()
-        assert code == expect, out.err
-        return json.loads(out.out) if "--json" in argv else out.out
-    return run
-
-
-@pytest.fixture
-def fail(monkeypatch, capsys):
-    monkeypatch.setattr(jaxscale.cli, "COMMAND_MODULES", ("memory", "comm", "failures", "plan"))
+def fail(capsys):
 
     def run(*argv):
         with pytest.raises(SystemExit) as e:
-            jaxscale.cli.main(list(argv))
+            main(list(argv))
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2, err
         assert len(err.splitlines()) == 1 and err.startswith("jaxscale: error: "), err

@@ -25,6 +25,8 @@ def test_compare_on_four_devices_end_to_end(tmp_path):
         for op in set(row["sent"]) | set(row["predicted"]["sent"]):
             assert row["sent"].get(op, 0) == pytest.approx(row["predicted"]["sent"].get(op, 0),
                                                            rel=1e-12), (row["name"], op)
+    pp = next(row for row in res["rows"] if row["name"] == "pp")
+    assert pp["idle_schedule"] == pytest.approx(pp["idle_formula"], abs=1e-12)  # 1/(4+1)
     for name in ("compare.json", "compare.md", "memory.png", "bytes.png", "losses.png"):
         assert (tmp_path / name).stat().st_size > 100
     assert "| zero3 | dp=4 ZeRO-3 |" in (tmp_path / "compare.md").read_text()

@@ -1,9 +1,7 @@
 """The layout planner: its rules, its memory and communication counts by hand, the CLI."""
-import json
 
 import pytest
 
-import jaxscale.cli
 from jaxscale import costmodel as cm
 from jaxscale import planner as P
 
@@ -99,16 +97,6 @@ def test_check_refuses_inconsistent_inputs():
         P.plan(P.Workload(1e9, 8, 1024, 8), P.Cluster(devices=12))
 
 
-@pytest.fixture
-def cli(monkeypatch, capsys):
-    monkeypatch.setattr(jaxscale.cli, "COMMAND_MODULES", ("memory", "comm", "failures", "plan"))
-
-    def run(*argv, expect=0):
-        code = jaxscale.cli.main(list(argv))
-        out = capsys.readouterr()
-        assert code == expect, out.err
-        return json.loads(out.out) if "--json" in argv else out.out
-    return run
 
 
 def test_plan_cli_70b(cli):

@@ -184,8 +184,7 @@ def test_gantt_png(tmp_path):
 # --- the command ---------------------------------------------------------------------------
 
 @pytest.fixture
-def cli(monkeypatch, capsys):
-    monkeypatch.setattr(jaxscale.cli, "COMMAND_MODULES", ("schedule",))
+def schedule_cli(capsys):
 
     def call(*argv):
         code = jaxscale.cli.main(["schedule", *argv])
@@ -194,17 +193,17 @@ def cli(monkeypatch, capsys):
     return call
 
 
-def test_cli_prints_chart_measured_and_formula(cli):
-    code, out, _ = cli("--stages", "4", "--micro-batches", "4", "--schedule", "1f1b")
+def test_cli_prints_chart_measured_and_formula(schedule_cli):
+    code, out, _ = schedule_cli("--stages", "4", "--micro-batches", "4", "--schedule", "1f1b")
     assert code == 0
     assert "device 3 |. . . F0B0B0F1B1B1F2B2B2F3B3B3. . . . . . |" in out
     assert "measured 3/7 = 0.4286; formula (p-1)/(m+p-1) = 3/7" in out
     assert "per device: 4 3 2 1" in out
 
 
-def test_cli_json_has_every_figure(cli, tmp_path):
+def test_cli_json_has_every_figure(schedule_cli, tmp_path):
     png = tmp_path / "figs" / "i.png"
-    code, out, _ = cli("--stages", "4", "--micro-batches", "8", "--schedule", "interleaved",
+    code, out, _ = schedule_cli("--stages", "4", "--micro-batches", "8", "--schedule", "interleaved",
                        "--virtual", "2", "--forward-cost", "1", "--backward-cost", "2",
                        "--png", str(png), "--json")
     r = json.loads(out)
@@ -215,7 +214,7 @@ def test_cli_json_has_every_figure(cli, tmp_path):
     assert r["peak_in_flight"] == [11, 9, 7, 5]
     assert [len(o) for o in r["orders"]] == [32] * 4 and r["orders"][3][:3] == ["F0a", "F1a", "F2a"]
     assert len(r["timeline"][0]) == 32 and r["chart"].count("\n") == 3
-    _, out, _ = cli("--schedule", "gpipe", "--json")
+    _, out, _ = schedule_cli("--schedule", "gpipe", "--json")
     r = json.loads(out)
     assert (r["stages"], r["micro_batches"], r["virtual"]) == (4, 4, 1)
     assert r["idle_fraction_exact"] == "3/7" and r["peak_in_flight"] == [4] * 4
@@ -234,9 +233,9 @@ def test_cli_json_has_every_figure(cli, tmp_path):
     (["--backward-cost", "-2"], ["--backward-cost", "-2"]),
     (["--stages", "two"], ["--stages", "'two'"]),
 ])
-def test_cli_bad_input_is_one_line_and_exit_2(cli, capsys, argv, words):
+def test_cli_bad_input_is_one_line_and_exit_2(schedule_cli, capsys, argv, words):
     with pytest.raises(SystemExit) as e:
-        cli(*argv)
+        schedule_cli(*argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2
     assert len(err.splitlines()) == 1 and err.startswith("jaxscale: error: "), err

@@ -52,6 +52,7 @@ def test_split_tensors_take_one_tpth_per_device(devices):
 
 
 def test_two_all_reduces_per_layer_forward_and_two_backward(devices):
+    """The forward alone (the loss) has 2 per layer; the whole step 4: backward adds 2."""
     cfg, params, batch = setup("tiny")
     _, _, step, state = one_step("tiny", tp=2)
     hlo = step.jitted.lower(state, step.place_batch(batch)).as_text(dialect="hlo")
@@ -60,6 +61,13 @@ def test_two_all_reduces_per_layer_forward_and_two_backward(devices):
     b, s = batch["tokens"].shape
     assert tp["all-reduce"]["count"] == 4 * cfg.n_layers
     assert tp["all-reduce"]["bytes"] == 4 * cfg.n_layers * b * s * cfg.d_model * 4
+    specs = param_specs(M.logical_axes(M.abstract(cfg)), Plan(tp=2))
+    forward = jax.jit(jax.shard_map(lambda p, t: M.forward(p, t, tp_axis="tp").sum(),
+                                    mesh=make_mesh("tp=2", devices[:2]),
+                                    in_specs=(specs, P()), out_specs=P()))
+    hlo = forward.lower(params, batch["tokens"]).as_text(dialect="hlo")
+    fwd = measure.bytes_by_axis(hlo, {"tp": 2})["tp"]["all-reduce"]
+    assert fwd["count"] == 2 * cfg.n_layers
 
 
 def test_the_wrong_split_differs_because_gelu_is_not_additive():

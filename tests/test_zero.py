@@ -158,9 +158,9 @@ def test_bad_stage_is_refused():
 
 
 def test_a_tensor_k_does_not_divide_is_padded(devices):
-    """The tiny model's 4-element-per-head biases (32 = 4 x 8) and the 101 x 32 embedding
-    (3,232 elements) do not split into 3 or 6: padded with zeros to a multiple of K, the
-    padding's gradient and moments stay zero, and training equals plain DP (dp=3 here)."""
+    """At dp=3 the 101 x 32 embedding (3,232 elements) does not split: padded with zeros to
+    3,234, after 5 AdamW steps the padding (parameters and Adam moments) is still zero, and
+    training equals plain DP."""
     params, batches = setup()
     out = {}
     for stage in (0, 3):
@@ -173,4 +173,7 @@ def test_a_tensor_k_does_not_divide_is_padded(devices):
     padded = out[3][1].params["tok_embed"]
     assert padded.shape == (3234,)  # 3,232 + 2 zeros
     assert float(jnp.max(jnp.abs(padded[3232:]))) == 0.0
+    adam = out[3][1].opt_state  # jaxscale.optim.AdamState
+    for moment in (adam.mu["tok_embed"], adam.nu["tok_embed"]):
+        assert moment.shape == (3234,) and float(jnp.max(jnp.abs(moment[3232:]))) == 0.0
     assert rel_diff(out[3][0], out[0][0]) <= 1e-5

@@ -103,18 +103,20 @@ def run(args) -> int:
     from jaxscale import model as modellib
     from jaxscale.compare import TOLERANCE, check_strategies
     cfg = modellib.preset(args.model)
-    if not args.abstract and args.model not in ("tiny", "tiny8", "small"):
+    if not args.abstract and args.model not in modellib.CPU_PRESETS:
         from jaxscale.compare import CompareError
         raise CompareError(f"model {args.model!r} is too big to train here; use --abstract "
-                           "to compile it without running, or a model among tiny, tiny8, small")
+                           "to compile it without running, or one of "
+                           f"{', '.join(modellib.CPU_PRESETS)}")
     names = _strategy_names(args, args.devices, cfg)
     plans = check_strategies(names, args.devices, cfg)  # every strategy valid before JAX starts
     for name, plan in plans.items():
-        if not args.abstract and args.batch_size % (plan.dp * plan.micro_batches):
+        if args.batch_size % (plan.dp * plan.micro_batches):
             from jaxscale.compare import CompareError
+            need = max(p.dp * p.micro_batches for p in plans.values())
             raise CompareError(f"strategy {name!r}: batch of {args.batch_size} documents is not "
                                f"divisible by dp x micro_batches = {plan.dp} x "
-                               f"{plan.micro_batches}")
+                               f"{plan.micro_batches}; try --batch-size {need}")
     devices = _devices(args)
     from jaxscale.cli import enable_compilation_cache
     enable_compilation_cache()

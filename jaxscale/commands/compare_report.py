@@ -86,7 +86,7 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int) -> list[dict]:
 
 
 def _gb(x: float) -> str:
-    return _bytes(x) + "B"
+    return _bytes(x) + "B"  # powers of 1000: kB, MB, GB
 
 
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
@@ -97,10 +97,11 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
                        f"{r['rel_diff']:+.2%}", _gb(r["memory"]["temporaries"]),
                        _gb(r["grads_predicted"])] for r in result["rows"]]
     cols = ["strategy", "mesh", "max dloss", "ok", "states/dev", "pred", "temps", "sent/step",
-            "pred", "compile", "step", "x 1 dev", "idle/formula"]
+            "pred", "compile", "step", "x 1 dev", "idle: schedule/formula"]
     rows = []
     for r in result["rows"]:
-        idle = f"{r['idle_ticks']:.3f}/{r['idle_formula']:.3f}" if "idle_ticks" in r else "-"
+        idle = (f"{r['idle_schedule']:.3f}/{r['idle_formula']:.3f}" if "idle_schedule" in r
+                else "-")
         rows.append([r["name"], r["mesh"], f"{r['max_rel_dloss']:.1e}",
                      "pass" if r["pass"] else "FAIL", _bytes(r["states_measured"]),
                      _bytes(r["states_predicted"]), _bytes(r["memory"]["temporaries"]),
@@ -111,7 +112,8 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def _bytes(x: float) -> str:
-    """Compact but exact enough to compare: 369.0k, 3.146M (bytes, powers of 1000)."""
+    """Compact but exact enough to compare: 369k, 3.146M (bytes; k, M, G are powers of
+    1000, not 1024)."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.4g}{unit}"

@@ -128,19 +128,9 @@ def short_bytes(n: float) -> str:
 
 
 def table(title: str, columns: list[str], rows: list[list]) -> None:
-    """A rich table; off a terminal (pipes, logs) wide enough that no cell wraps."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
-    t = Table(title=title, title_justify="left")
-    for c in columns:
-        t.add_column(c, justify="left" if c == columns[0] else "right")
-    for row in rows:
-        t.add_row(*[str(v) for v in row])
-    console.print(t)
+    """A rich table of already formatted cells (jaxscale.report.print_table)."""
+    from jaxscale.report import print_table
+    print_table(title, columns, [[str(v) for v in row] for row in rows])
 
 
 # ------------------------------------------------------------------------------------

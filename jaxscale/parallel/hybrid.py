@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxscale import devices as devlib, model as modellib, precision
 from jaxscale.parallel.data import AXIS, ShardedStep, accumulated_value_and_grad
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
-from jaxscale.parallel.zero import ZeroLayout, _check_elementwise
+from jaxscale.parallel.zero import ZeroLayout, check_elementwise
 
 RULES = {"heads": "tp", "mlp": "tp", "layers": "pp"}
 
@@ -132,7 +132,8 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
 
     axes = tuple(a for a in ("pp", "tp") if getattr(plan, a) > 1)
     is_spec = lambda x: isinstance(x, P)  # noqa: E731
-    _check_elementwise(jax.eval_shape(optimizer.init, shapes), shapes)
+    check_elementwise(jax.eval_shape(optimizer.init, shapes), shapes,
+                      who="tensor/pipeline parallelism")
     if plan.zero_stage:
         layout = ZeroMeshLayout(_local_shapes(shapes, specs, plan), plan.dp, specs, axes)
         reduce_dp = lambda g: jax.tree.map(  # noqa: E731  the reduce-scatter to my slice
@@ -165,7 +166,6 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
         optax.tree_map_params(optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, shapes),
                               flat_specs, transform_non_params=lambda _: P(), is_leaf=is_spec),
         P(), P(), P())
-    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
 
     def local_state(params):  # on each device's own shards (ZeRO: its dp slice of them)
         arranged = layout.target if plan.zero_stage else None

@@ -53,6 +53,12 @@ class TickTable:
     def ticks(self) -> int:
         return self.kind.shape[0]
 
+    def branch_share(self) -> dict[int, float]:
+        """Share of ticks a device spends idle, in F, in B (the same on every device: each
+        runs every micro-batch's F and B once per chunk), i.e. how often each branch of the
+        executor's lax.switch runs, for measure.collectives."""
+        return {k: float(np.mean(self.kind[:, 0] == k)) for k in (IDLE, FORWARD, BACKWARD)}
+
 
 def _assign(intervals: dict) -> tuple[dict, int]:
     """Slots for (key -> (write tick, read tick)) intervals on one device; a slot is free
@@ -124,7 +130,7 @@ def _zeros_like(x):
 
 
 def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp",
-                            tp_axis=None, replicated_over_pp=None, dp_reduce=None):
+                            tp_axis=None, replicated_over_pp, dp_reduce=None):
     """grad_fn for precision.make_step running the pipeline (see the module docstring).
 
     `params` arrive with the blocks' layer axis split over pp (this device's v chunks, in
@@ -138,7 +144,9 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
         stage = lax.axis_index(pp_axis)
         count = lax.psum(jnp.sum(batch["mask"]), dp_axis)
         mbs = jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
-        # every device differentiates its own copy: no collective hides inside lax.switch
+        # every device differentiates its own copy, so autodiff inserts no dp or pp psum,
+        # which inside lax.switch would wait for devices in another branch (tp's all-reduces
+        # are fine there: a stage's tp group always takes the same branch)
         mine = jax.tree.map(lambda x: vary(x, (dp_axis, pp_axis)), params)
         per_chunk = jax.tree.leaves(params["blocks"])[0].shape[0] // v
         ct = jnp.float32(1.0) if multiplier is None else multiplier

@@ -4,11 +4,13 @@
     Plan(dp=8)                            data parallel over 8 devices
     Plan(dp=8, micro_batches=4)           ... accumulating 4 micro-batches per step
 
+    Plan(dp=8, zero_stage=3)              ZeRO-3 over the 8 data-parallel devices
+    Plan(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=1)   3-D
+
 Every field is validated before anything compiles. `build_train_step(model_cfg, plan,
 optimizer)` returns (init, step); the training loop never branches on the strategy. Tensor
-and pipeline parallelism, ZeRO and recomputation are fields of the same Plan; the parts of
-jaxscale that implement them plug in here (until then a clear error says which field is not
-available yet).
+and pipeline parallelism, ZeRO and recomputation are fields of the same Plan: data.py,
+zero.py and hybrid.py (tensor + pipeline.py) build their steps.
 """
 from __future__ import annotations
 
@@ -102,8 +104,9 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
                      optimizer: optax.GradientTransformation, devices=None):
     """(init, step) for `plan`: init(params32) -> state; step(state, batch) -> (state, metrics).
 
-    Plan() runs on one device; dp > 1 runs data parallel in one shard_map over a mesh of
-    `devices` (default: the first plan.n_devices of jax.devices()).
+    Plan() runs on one device; every other plan runs in one shard_map over a mesh of
+    `devices` (default: the first plan.n_devices of jax.devices()): data parallel (data.py),
+    ZeRO (zero.py), or with tp / pp (hybrid.py).
     """
     plan.validate()
     graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat))

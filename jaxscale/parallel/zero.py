@@ -5,7 +5,7 @@ and cut into K equal slices; device i owns slice i. A block parameter (leading `
 axis, L layers) is flattened per layer, to [L, K*c], so each device owns [L, c]: one
 layer's slices can be gathered on their own. Padding is exact: padded entries get zero
 gradients and zero Adam moments, so they stay zero. Padding, not refusal, is the answer
-to a tensor whose size K does not divide (the tiny model's 4-element head biases at K=8).
+to a tensor whose size K does not divide (the tiny model's 3,232-element embedding at K=3).
 
   stage 1  the optimizer state (and fp32 master weights) exist only as owned slices:
            reduce-scatter the gradients, update the owned slice, all-gather the parameters
@@ -21,8 +21,10 @@ to a tensor whose size K does not divide (the tiny model's 4-element head biases
 Communication per step: stages 1 and 2 equal plain data parallelism (an all-reduce is a
 reduce-scatter followed by an all-gather; ZeRO moves the update between the two). Stage 3
 gathers every parameter twice and reduce-scatters its gradient once: 3 x (K-1)/K x Psi
-against DP's 2 x (K-1)/K x Psi, i.e. 1.5 x, less the parameters whose backward pass does
-not need them (an embedding lookup's backward is a scatter-add: it needs no weights).
+against DP's 2 x (K-1)/K x Psi, i.e. 1.5 x in the textbook. Ours differs, tensor by
+tensor (`stage3_ring_bytes`): a parameter whose backward pass does not need it is not
+gathered again (an embedding lookup's backward is a scatter-add), and the tied embedding
+is gathered by two units, the lookup and the head: 1.57 x DP for the tiny model.
 
 The optimizer must be elementwise (every state leaf a scalar or shaped like its
 parameter): SGD, momentum, AdaGrad, RMSProp, Adam(W) are; a factored or norm-based one
@@ -127,6 +129,46 @@ class ZeroLayout(precision.Replicated):
         return jnp.sqrt(lax.psum(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(tree)), AXIS))
 
 
+def forward_gathered(slices, tokens, remat: str, fetch):
+    """ZeRO-3's forward: model.forward's units on parameter slices, each unit gathering its
+    whole tensors with `fetch(unit_slices, layer)` just before it runs.
+
+    Every unit runs under `jax.checkpoint` with a policy that keeps activations (matmul
+    outputs, or what the remat policy keeps) but never a gathered parameter, so the gathered
+    copy is dropped after the forward pass and gathered again in the backward pass when the
+    backward needs it.
+
+    `after(p, x)` makes a unit's gathers wait for its input x (an optimization barrier; in
+    backward it makes the unit's reduce-scatters finish before the gradient flows on). The
+    gathers of a unit do not depend on the activations, so XLA may otherwise start the
+    head's gather while the layers' loop still gathers; JAX gives every collective the same
+    channel id and XLA's CPU runtime matches collectives by it, so two of one kind in flight
+    at once can meet in the wrong rendezvous and abort the process.
+    """
+    def after(p, x):
+        return jax.lax.optimization_barrier((p, x))
+
+    def embed_unit(p, tokens):
+        p, tokens = after(p, tokens)
+        return modellib.embed(fetch(p, False), tokens)
+
+    def layer(x, p):
+        p, x = after(p, x)
+        return modellib.block(fetch(p, True), x), None
+
+    def head_unit(p, x):
+        p, x = after(p, x)
+        return modellib.head(fetch(p, False), x)
+
+    saveable = jax.checkpoint_policies
+    embed_unit = jax.checkpoint(embed_unit, policy=saveable.nothing_saveable)
+    head_unit = jax.checkpoint(head_unit, policy=saveable.dots_saveable)
+    layer = jax.checkpoint(layer, policy=modellib.REMAT_POLICIES[remat] or saveable.dots_saveable)
+    x = embed_unit({"tok_embed": slices["tok_embed"], "pos_embed": slices["pos_embed"]}, tokens)
+    x, _ = jax.lax.scan(layer, x, slices["blocks"])
+    return head_unit({"ln_f": slices["ln_f"], "tok_embed": slices["tok_embed"]}, x)
+
+
 def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat: str = "none"):
     """grad_fn for precision.make_step: (global loss, this device's slice of the gradients).
 
@@ -137,7 +179,7 @@ def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat:
     identity = lambda tree: tree  # noqa: E731
     if layout.stage == 3:
         def nll(slices, mb):
-            logits = modellib.forward(slices, mb["tokens"], remat, fetch=layout.fetch)
+            logits = forward_gathered(slices, mb["tokens"], remat, layout.fetch)
             return logits_nll_and_count(logits, mb)
         return accumulated_value_and_grad(nll, micro_batches, per_micro=identity,
                                           after=identity, like=identity, own=identity)
@@ -154,13 +196,16 @@ def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat:
                                       after=scatter, like=identity)
 
 
-def _check_elementwise(opt_state, target) -> None:
+def check_elementwise(opt_state, target, who: str = "ZeRO") -> None:
+    """Refuse an optimizer whose state is not elementwise: `who` updates each device's own
+    slice or shard of the parameters, where a factored or norm-based state would be wrong."""
     sizes = {x.shape for x in jax.tree.leaves(target)}
     for leaf in jax.tree.leaves(opt_state):
         if leaf.ndim and leaf.shape not in sizes:
             raise ZeroError(f"the optimizer keeps a state tensor of shape {leaf.shape} that is not "
-                            "shaped like a parameter; ZeRO shards only elementwise optimizers "
-                            "(sgd, momentum, adagrad, rmsprop, adam, adamw)")
+                            f"shaped like a parameter; {who} updates each device's own slice, so "
+                            "it takes only elementwise optimizers (sgd, momentum, adagrad, "
+                            "rmsprop, adam, adamw)")
 
 
 def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, devices=None):
@@ -177,7 +222,7 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
                                     arrange_params=plan.zero_stage == 3)
 
     abstract = jax.eval_shape(fresh_state, param_shapes)
-    _check_elementwise(abstract.opt_state, jax.eval_shape(layout.flatten, param_shapes))
+    check_elementwise(abstract.opt_state, jax.eval_shape(layout.flatten, param_shapes))
     state_specs = jax.tree.map(layout.spec, abstract)
     if plan.zero_stage < 3:  # the working parameters stay whole on every device
         state_specs = state_specs._replace(params=jax.tree.map(lambda _: P(), abstract.params))
