@@ -53,6 +53,20 @@ class Lab:
         self.batches = [as_arrays(next(it)) for _ in range(STEPS)]
         self.n = M.param_count(self.cfg)
         self.shapes = nnx.to_pure_dict(nnx.state(M.abstract(self.cfg), nnx.Param))
+        self._compiled = {}
+
+    def compiled(self, plan: Plan):
+        """(compiled step, its HLO text, initial state, step) for `plan`, compiled once and
+        shared by the parts (training, HLO bytes, memory analysis)."""
+        if plan not in self._compiled:
+            init, step = build_train_step(self.cfg, plan, optim.adamw(3e-3),
+                                          jax.devices()[:plan.n_devices])
+            state = init(self.params0)
+            lowered = getattr(step, "jitted", step).lower(
+                state, getattr(step, "place_batch", lambda b: b)(self.batches[0]))
+            self._compiled[plan] = (lowered.compile(), lowered.as_text(dialect="hlo"), state,
+                                    step)
+        return self._compiled[plan]
 
 
 def part_a(lab: Lab, out: Path) -> dict:
@@ -71,22 +85,19 @@ def part_a(lab: Lab, out: Path) -> dict:
     return res
 
 
-def _run(lab: Lab, plan: Plan, opt=None):
-    init, step = build_train_step(lab.cfg, plan, opt or optim.adamw(3e-3),
-                                  jax.devices()[:plan.n_devices])
-    state, losses = init(lab.params0), []
+def _run(lab: Lab, plan: Plan):
+    """Train `plan` for STEPS steps with its one compiled program: (state, losses, step)."""
+    compiled, _, state, step = lab.compiled(plan)
+    place = getattr(step, "place_batch", lambda b: b)
+    losses = []
     for b in lab.batches:
-        state, m = step(state, b)
+        state, m = compiled(state, place(b))
         losses.append(float(m["loss"]))
     return state, losses, step
 
 
-def _on_device_0(tree) -> int:
-    return sum(s.data.nbytes for x in jax.tree.leaves(tree) if x.ndim
-               for s in x.addressable_shards if s.device == jax.devices()[0])
-
-
 def _rel(a, b, skip=()) -> float:
+    """max |a - b| over the tensors (but `skip`), over the largest |b|."""
     scale = max(float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(b))
     return max(float(jnp.max(jnp.abs(x - y))) for (p, x), y in
                zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b))
@@ -101,19 +112,20 @@ def part_b(lab: Lab, out: Path) -> dict:
     rows, res = [], {}
     dp_sent = None
     for stage, (state, losses, step) in runs.items():
-        hlo = step.jitted.lower(state, step.place_batch(lab.batches[0])).as_text(dialect="hlo")
+        compiled, hlo, _, _ = lab.compiled(Plan(dp=K, zero_stage=stage))
         sent = measure.ring_bytes_sent(hlo, K)
         dp_sent = dp_sent or sent
-        t = measure.step_seconds(lambda s=step, st=state: s.jitted(st, batch)[1]["loss"],
-                                 repeats=15)
+        t = measure.step_seconds(lambda c=compiled, st=state: c(st, batch)[1]["loss"], repeats=9)
         whole = step.full_params(state)
+        on0 = lambda tree: measure.bytes_on_device(tree, jax.devices()[0])  # noqa: E731
+        bk = lambda t: {"bk": t["blocks"]["bk"]}  # noqa: E731
         r = {"loss_rel_vs_single": max(abs(a - b) / b for a, b in zip(losses, single)),
              "params_rel_vs_dp": _rel(whole, dp_params, skip=(BK,)),
-             "bk_rel_vs_dp": _rel({"b": whole["blocks"]["bk"]}, {"b": dp_params["blocks"]["bk"]})
-             * float(jnp.max(jnp.abs(dp_params["blocks"]["bk"])))
-             / max(float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(dp_params)),
-             "opt_state_bytes": _on_device_0(state.opt_state),
-             "param_bytes": _on_device_0(state.params), "ring_bytes_sent": sent,
+             "bk_rel_vs_dp": _rel(bk(whole), bk(dp_params)) * float(jnp.max(jnp.abs(
+                 dp_params["blocks"]["bk"]))) / max(float(jnp.max(jnp.abs(y)))
+                                                   for y in jax.tree.leaves(dp_params)),
+             "opt_state_bytes": on0(state.opt_state),
+             "param_bytes": on0(state.params), "ring_bytes_sent": sent,
              "ratio_to_dp_bytes": sent / dp_sent, "step_ms": t["median_s"] * 1e3}
         res[stage] = r
     for stage, r in res.items():
@@ -146,10 +158,8 @@ def _model_states(lab: Lab, plan: Plan) -> dict:
     """Per-device model-state bytes of the compiled step: its arguments less the batch (XLA's
     memory analysis), plus the gradient accumulator the program carries (XLA counts that
     among the temporaries, so its size is read from the program's shapes instead)."""
-    init, step = build_train_step(lab.cfg, plan, optim.adamw(3e-3), jax.devices()[:plan.n_devices])
-    state = init(lab.params0)
+    compiled, _, _, step = lab.compiled(plan)
     batch = step.place_batch(lab.batches[0])
-    compiled = step.jitted.lower(state, batch).compile()
     mem = measure.memory(compiled)
     batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch)) // plan.dp
     pol = precision.policy(plan.precision)
@@ -176,8 +186,11 @@ def part_c(lab: Lab, out: Path) -> dict:
     print_table(f"c. model states per device, K = {K}, {lab.n:,} parameters", [
         "policy", "ZeRO", "state args B", "grads B", "measured B", "formula B", "B/param",
         "diff", "XLA temporaries B"], rows)
+    padded = [jax.tree_util.keystr(p) for p, s in jax.tree_util.tree_leaves_with_path(lab.shapes)
+              if (np.prod(s.shape[1:]) if p[0].key == "blocks" else np.prod(s.shape)) % K]
     print("  the remainder: Adam's step count, the loss scale and the skip counters "
-          "(4-byte scalars) ride in the arguments; no tensor of this model needs padding at K=4")
+          "(4-byte scalars) ride in the arguments; tensors padded at K="
+          f"{K}: {', '.join(padded) or 'none'}")
     return res
 
 
