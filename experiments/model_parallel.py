@@ -67,23 +67,24 @@ class Lab:
         return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(param_specs(self.axes, Plan(tp=k)),
                                                                P()), out_specs=P()))
 
-    def gradient(self, plan: Plan):
-        """Whole gradient of one step of `plan` on batch 0 (and the step, its state)."""
-        key = tuple(sorted(plan.as_dict().items()))
-        if key not in self._grads:
+    def gradient(self, plan: Plan) -> dict:
+        """One step of `plan` on batch 0, compiled once and kept for every part: the whole
+        gradient, the loss, the compiled program (memory, timing), the lowered one (HLO),
+        the inputs."""
+        if plan not in self._grads:
             init, step = build_train_step(self.cfg, plan, KEEP_GRADIENT,
                                           jax.devices()[:plan.n_devices])
             state0 = init(self.params)
-            state, metrics = step(state0, self.batches[0])
+            batch = getattr(step, "place_batch", lambda b: b)(self.batches[0])
+            lowered = getattr(step, "jitted", step).lower(state0, batch)
+            compiled = lowered.compile()
+            state, metrics = compiled(state0, batch)
             whole = getattr(step, "full_params", lambda s: s.params)(
                 state._replace(params=state.opt_state[0].trace))
-            self._grads[key] = (whole, float(metrics["loss"]), step, state0)
-        return self._grads[key]
-
-
-def _on_device_0(tree) -> int:
-    return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards
-               if s.device == jax.devices()[0])
+            self._grads[plan] = {"grad": whole, "loss": float(metrics["loss"]),
+                                 "compiled": compiled, "lowered": lowered,
+                                 "state": state0, "batch": batch}
+        return self._grads[plan]
 
 
 def part_a(lab: Lab, out: Path) -> dict:
@@ -97,7 +98,8 @@ def part_a(lab: Lab, out: Path) -> dict:
         placed = jax.device_put(p, jax.tree.map(lambda s: jax.sharding.NamedSharding(
             make_mesh(f"tp={k}", jax.devices()[:k]), s), specs, is_leaf=lambda s: isinstance(s, P)))
         diff = float(jnp.max(jnp.abs(f(placed, x) - right)))
-        mlp_bytes = sum(_on_device_0(placed[n]) for n in ("w1", "b1", "w2"))
+        mlp_bytes = sum(measure.bytes_on_device(placed[n], jax.devices()[0])
+                        for n in ("w1", "b1", "w2"))
         whole = sum(p[n].nbytes for n in ("w1", "b1", "w2"))
         res[k] = {"max_abs_diff": diff, "bytes_per_device": mlp_bytes, "whole_bytes": whole}
         rows.append([k, f"{diff:.1e}", f"{mlp_bytes:,}", f"{whole // k:,}"])
@@ -130,17 +132,18 @@ def part_b(lab: Lab, out: Path) -> dict:
 
 
 def part_c(lab: Lab, out: Path) -> dict:
-    ref, ref_loss, _, _ = lab.gradient(Plan())
-    cases = [(s, p, m) for s in ("gpipe", "1f1b") for p in (2, 4) for m in (1, 8)]
-    cases += [("interleaved", 2, 2), ("interleaved", 4, 4)]
+    ref = lab.gradient(Plan())
+    # 2 and 4 stages, 1 to 8 micro-batches (tests/test_pipeline.py runs more combinations)
+    cases = [("gpipe", 2, 8), ("gpipe", 4, 1), ("1f1b", 2, 8), ("1f1b", 4, 4),
+             ("interleaved", 2, 8), ("interleaved", 4, 4)]
     rows, res = [], []
     for i, (schedule, p, m) in enumerate(cases):
         log(f"  pipeline {i + 1}/{len(cases)}: {schedule}, {p} stages, {m} micro-batches")
         v = 2 if schedule == "interleaved" else 1
-        g, loss, _, _ = lab.gradient(Plan(pp=p, micro_batches=m, schedule=schedule, virtual=v))
+        run = lab.gradient(Plan(pp=p, micro_batches=m, schedule=schedule, virtual=v))
         r = {"schedule": schedule, "stages": p, "micro_batches": m, "virtual": v,
-             "max_rel_grad_diff": measure.max_rel_diff(g, ref),
-             "loss_rel_diff": abs(loss - ref_loss) / ref_loss,
+             "max_rel_grad_diff": measure.max_rel_diff(run["grad"], ref["grad"]),
+             "loss_rel_diff": abs(run["loss"] - ref["loss"]) / ref["loss"],
              "activation_slots": tick_table(schedule, p, m, v).slots}
         res.append(r)
         rows.append([schedule, p, m, v, f"{r['max_rel_grad_diff']:.1e}",
@@ -199,11 +202,11 @@ def part_f(lab: Lab, out: Path) -> dict:
         curves[name] = curve
     res["loss_rel_diff_20_steps"] = max(abs(a - b) / b for a, b in zip(curves["3d"],
                                                                         curves["single"]))
-    m = 2
-    _, _, step, state = lab.gradient(Plan(dp=2, tp=2, pp=2, micro_batches=m))
-    batch = lab.batches[0]
-    hlo = step.jitted.lower(state, step.place_batch(batch)).as_text(dialect="hlo")
+    m = 4
+    run = lab.gradient(Plan(dp=2, tp=2, pp=2, micro_batches=m))
+    batch, state = lab.batches[0], run["state"]
     table = tick_table("1f1b", 2, m)
+    hlo = run["lowered"].as_text(dialect="hlo")
     axes = measure.bytes_by_axis(hlo, {"dp": 2, "pp": 2, "tp": 2}, table.branch_share())
     act = BATCH // 2 // m * batch["tokens"].shape[1] * cfg.d_model * 4
     per_stage = cfg.n_layers // 2
@@ -220,11 +223,8 @@ def part_f(lab: Lab, out: Path) -> dict:
          f"{predicted['pp_useful']:,}, the rest idle ticks' zeros)"],
         ["dp", "all-reduce", f"{axes['dp']['all-reduce']['bytes']:,}", f"{predicted['dp']:,}",
          "this device's gradient shard"]])
-    temps = {}
-    for schedule in ("gpipe", "1f1b"):
-        _, _, stp, st = lab.gradient(Plan(pp=2, micro_batches=8, schedule=schedule))
-        temps[schedule] = measure.memory(stp.jitted.lower(st, stp.place_batch(batch))
-                                         .compile())["temporaries"]
+    temps = {schedule: measure.memory(lab.gradient(Plan(pp=2, micro_batches=8, schedule=schedule))
+                                      ["compiled"])["temporaries"] for schedule in ("gpipe", "1f1b")}
     res["temporaries_pp2_m8"] = temps
     times = {}
     for name, plan in (("single", Plan()), ("tp2", Plan(tp=2)),
@@ -233,11 +233,9 @@ def part_f(lab: Lab, out: Path) -> dict:
                        ("pp2_interleaved", Plan(pp=2, micro_batches=8, schedule="interleaved",
                                                 virtual=2)),
                        ("3d", Plan(dp=2, tp=2, pp=2, micro_batches=m))):
-        _, _, stp, st = lab.gradient(plan)
-        fn = getattr(stp, "jitted", stp)
-        bb = stp.place_batch(batch) if hasattr(stp, "place_batch") else batch
-        times[name] = measure.step_seconds(lambda f=fn, s=st, x=bb: f(s, x)[1]["loss"],
-                                           repeats=7)["median_s"]
+        run = lab.gradient(plan)
+        times[name] = measure.step_seconds(
+            lambda r=run: r["compiled"](r["state"], r["batch"])[1]["loss"], repeats=7)["median_s"]
     res["step_ratio_to_single"] = {k: t / times["single"] for k, t in times.items()}
     print(f"  20 steps, loss vs one device: max rel diff {res['loss_rel_diff_20_steps']:.1e}")
     print(f"  temporaries, pp=2, m=8: GPipe {temps['gpipe']:,} B, 1F1B {temps['1f1b']:,} B")

@@ -64,9 +64,12 @@ def strategy_plan(name: str, n: int, cfg: modellib.ModelConfig) -> Plan:
     if name == "dp+pp":
         pp = _need_split(_largest(n // 2, pp_ok), "pp", n // 2, cfg)
         return Plan(dp=n // pp, pp=pp, micro_batches=m)
-    if n % 8 or not tp_ok(2) or not pp_ok(2):
-        raise CompareError(f"strategy '3d' (dp x 2 x 2) needs a multiple of 8 devices and a "
-                           f"model with tp=2 and pp=2 divisors, got {n} devices")
+    if n % 8:
+        raise CompareError(f"strategy '3d' (dp x tp=2 x pp=2, dp >= 2) needs a multiple of 8 "
+                           f"devices, got {n}")
+    if not tp_ok(2) or not pp_ok(2):
+        raise CompareError(f"strategy '3d' needs tp=2 and pp=2 to divide the model: heads "
+                           f"{cfg.n_heads}, MLP width {cfg.d_ff}, layers {cfg.n_layers}")
     return Plan(dp=n // 4, tp=2, pp=2, micro_batches=m, zero_stage=1)
 
 

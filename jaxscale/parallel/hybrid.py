@@ -112,7 +112,9 @@ def check_divisible(cfg: modellib.ModelConfig, plan) -> None:
                         f"width ({cfg.d_ff}); choose tp from "
                         f"{[k for k in range(1, cfg.n_heads + 1) if cfg.n_heads % k == 0 and cfg.d_ff % k == 0]}")
     if cfg.n_layers % (plan.pp * v):
-        raise PlanError(f"pp x virtual = {plan.pp} x {v} must divide the {cfg.n_layers} layers")
+        fits = [k for k in range(1, cfg.n_layers + 1) if cfg.n_layers % (k * v) == 0]
+        raise PlanError(f"pp x virtual = {plan.pp} x {v} must divide the {cfg.n_layers} layers; "
+                        f"with virtual={v} choose pp from {fits}")
 
 
 def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformation,
