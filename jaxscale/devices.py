@@ -3,6 +3,18 @@
 On a laptop, XLA can split the host CPU into N devices; on a GPU/TPU machine the same
 mesh code runs over the real accelerators. Everything here validates its input before
 JAX compiles anything, so a typo costs a clear message, not a traceback.
+
+XLA's CPU runtime and collectives (a known hazard of forced CPU devices, jaxlib 0.10).
+JAX lowers every collective with the same channel id, and the CPU runtime's in-process
+rendezvous is keyed by (run, device group, kind, channel id). Its executor orders
+collectives only by when they START: a while loop or conditional that still has
+collectives running (multi-threaded kernels leave it pending) does not stop a later,
+independent collective of the same kind over the same devices from starting. The two then
+meet in one rendezvous and the process aborts ("Check failed: id < num_threads ...
+RendezvousKey{..., op_id=1}"). It is rare and timing-dependent: no flag turns it off
+(xla_cpu_use_thunk_runtime=false is no longer honoured). jaxscale keeps such collectives
+data-dependent where it can (ZeRO-3's units), and the test suite runs a test whose worker
+crashed once more (pyproject.toml); GPU and TPU runtimes do not share the hazard.
 """
 from __future__ import annotations
 

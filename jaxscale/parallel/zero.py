@@ -138,12 +138,11 @@ def forward_gathered(slices, tokens, remat: str, fetch):
     copy is dropped after the forward pass and gathered again in the backward pass when the
     backward needs it.
 
-    `after(p, x)` makes a unit's gathers wait for its input x (an optimization barrier; in
-    backward it makes the unit's reduce-scatters finish before the gradient flows on). The
-    gathers of a unit do not depend on the activations, so XLA may otherwise start the
-    head's gather while the layers' loop still gathers; JAX gives every collective the same
-    channel id and XLA's CPU runtime matches collectives by it, so two of one kind in flight
-    at once can meet in the wrong rendezvous and abort the process.
+    `after(p, x)` places a unit's gathers after its input x in the program (an optimization
+    barrier; in backward, the unit's reduce-scatters before the gradient flows on). A unit's
+    gathers do not depend on the activations, so XLA may otherwise schedule the head's
+    gather ahead of the layers' loop, whose gathers it could then overlap on CPU (see
+    jaxscale.devices, "XLA's CPU runtime and collectives").
     """
     def after(p, x):
         return jax.lax.optimization_barrier((p, x))
