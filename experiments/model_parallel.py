@@ -235,7 +235,7 @@ def part_f(lab: Lab, out: Path) -> dict:
                        ("3d", Plan(dp=2, tp=2, pp=2, micro_batches=m))):
         run = lab.gradient(plan)
         times[name] = measure.step_seconds(
-            lambda r=run: r["compiled"](r["state"], r["batch"])[1]["loss"], repeats=7)["median_s"]
+            lambda r=run: r["compiled"](r["state"], r["batch"]), repeats=7)["median_s"]
     res["step_ratio_to_single"] = {k: t / times["single"] for k, t in times.items()}
     print(f"  20 steps, loss vs one device: max rel diff {res['loss_rel_diff_20_steps']:.1e}")
     print(f"  temporaries, pp=2, m=8: GPipe {temps['gpipe']:,} B, 1F1B {temps['1f1b']:,} B")

@@ -115,7 +115,7 @@ def part_b(lab: Lab, out: Path) -> dict:
         compiled, hlo, _, _ = lab.compiled(Plan(dp=K, zero_stage=stage))
         sent = measure.ring_bytes_sent(hlo, K)
         dp_sent = dp_sent or sent
-        t = measure.step_seconds(lambda c=compiled, st=state: c(st, batch)[1]["loss"], repeats=9)
+        t = measure.step_seconds(lambda c=compiled, st=state: c(st, batch), repeats=9)
         whole = step.full_params(state)
         on0 = lambda tree: measure.bytes_on_device(tree, jax.devices()[0])  # noqa: E731
         bk = lambda t: {"bk": t["blocks"]["bk"]}  # noqa: E731

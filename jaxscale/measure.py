@@ -188,7 +188,11 @@ def memory(compiled) -> dict[str, int]:
 
 
 def step_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> dict[str, float]:
-    """Median and spread of fn(*args) wall time, after warm-up calls (which compile)."""
+    """Median and spread of fn(*args) wall time, after warm-up calls (which compile).
+
+    Waits for fn's WHOLE result: return all of a step's outputs, not only its loss, or the
+    timing stops early and the next call overlaps the previous one's tail (on forced CPU
+    devices, overlapping runs are a suspect in XLA CPU rendezvous aborts, see devices.py)."""
     import time
 
     import jax
