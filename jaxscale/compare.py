@@ -131,8 +131,10 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
     return {"params_per_device": psi["total"], "states": states, "sent": sent}
 
 
-def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices) -> dict:
-    """Train `plan` on `batches` and measure it (see the module docstring)."""
+def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices,
+                 time_steps: bool = True) -> dict:
+    """Train `plan` on `batches` and measure it (see the module docstring); without
+    `time_steps` the median step time is left out (step_s is None)."""
     init, step = build_train_step(cfg, plan, optimizer, devices[:plan.n_devices])
     state = init(params)
     fn = getattr(step, "jitted", step)
@@ -151,7 +153,8 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
     for b in batches:
         state, metrics = compiled(state, place(b))
         losses.append(float(metrics["loss"]))
-    timing = measure.step_seconds(lambda: compiled(state, placed), repeats=9)  # whole output
+    timing = (measure.step_seconds(lambda: compiled(state, placed), repeats=9)  # whole output
+              if time_steps else {"median_s": None})
     on0 = lambda tree: measure.bytes_on_device(tree, devices[0])  # noqa: E731
     out = {"name": name, "plan": plan.as_dict(), "n_devices": plan.n_devices,
            "losses": losses, "compile_s": compile_s, "step_s": timing["median_s"],
