@@ -32,6 +32,7 @@ def main():
         sys.exit(f".ci/run failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     result = {"benchmark": "test_suite_cold", "ci_wall_s": wall, "pytest_s": float(m.group(2)),
               "tests_passed": int(m.group(1)), "target_s": 600, "cpus": os.cpu_count(),
+              "reruns": int(r2.group(1)) if (r2 := re.search(r"(\d+) rerun", tail)) else 0,
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                        capture_output=True, text=True).stdout.strip()}
     out = ROOT / "benchmarks" / "results" / "test_suite.json"
