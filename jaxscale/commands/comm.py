@@ -15,18 +15,11 @@ from jaxscale.commands.memory import (
     add_shape_options,
     count_arg,
     emit,
+    link_arg,
     model_shape,
     short_bytes,
     table,
 )
-
-
-def _link_arg(text: str):
-    import argparse
-    try:
-        return cm.link_bandwidth(text)
-    except cm.CostModelError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(subparsers) -> None:
@@ -48,7 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("--devices", type=_number(), default=8, metavar="K",
                    help="devices in the all-reduce (default 8)")
     presets = ", ".join(f"{k} ({v / 1e9:g} GB/s)" for k, v in cm.LINKS.items())
-    p.add_argument("--link", type=_link_arg, default=cm.link_bandwidth("infiniband"),
+    p.add_argument("--link", type=link_arg, default=cm.link_bandwidth("infiniband"),
                    metavar="LINK", help=f"{presets}, or a bandwidth in GB/s per device and "
                                         "direction (default infiniband)")
     p.add_argument("--grad-bytes", type=_number(), default=2, metavar="B",

@@ -56,7 +56,8 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int) -> list[dict]:
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxscale import measure, model as modellib, optim
+    from jaxscale import measure, optim
+    from jaxscale import model as modellib
     from jaxscale.compare import predict
     from jaxscale.parallel.plan import build_train_step
 

@@ -33,6 +33,7 @@ def _arg_type(parse):
 
 count_arg = _arg_type(cm.parse_count)  # "7e9", "7B", "350M"
 bytes_arg = _arg_type(cm.parse_bytes)  # "80GB", "80GiB", "8e10"
+link_arg = _arg_type(cm.link_bandwidth)  # "nvlink", "infiniband", "ethernet" or GB/s
 
 
 def add_shape_options(p, batch_help: str, seq_default: int, batch_default: int) -> None:

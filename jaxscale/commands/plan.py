@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from jaxscale import costmodel as cm
 from jaxscale import planner as P
-from jaxscale.commands.comm import _link_arg
 from jaxscale.commands.memory import (
     add_shape_options,
     bytes_arg,
     count_arg,
     emit,
+    link_arg,
     model_shape,
     short_bytes,
     table,
@@ -54,9 +54,9 @@ def register(subparsers) -> None:
                         "embeddings, buffers and fragmentation (default 0.9)")
     p.add_argument("--max-bubble", type=_number(float, 0), default=0.1, metavar="F",
                    help="largest pipeline bubble allowed (default 0.1)")
-    p.add_argument("--intra-link", type=_link_arg, default=cm.link_bandwidth("nvlink"),
+    p.add_argument("--intra-link", type=link_arg, default=cm.link_bandwidth("nvlink"),
                    metavar="LINK", help="link inside a node (default nvlink)")
-    p.add_argument("--inter-link", type=_link_arg, default=cm.link_bandwidth("infiniband"),
+    p.add_argument("--inter-link", type=link_arg, default=cm.link_bandwidth("infiniband"),
                    metavar="LINK", help="link between nodes (default infiniband)")
     p.add_argument("--grad-bytes", type=_number(), default=2, metavar="B",
                    help="bytes per gradient value in the all-reduce (default 2)")
