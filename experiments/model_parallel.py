@@ -92,8 +92,8 @@ def part_a(lab: Lab, out: Path) -> dict:
     right = M.mlp(p, x)
     rows, res = [], {}
     for k in (2, 4, 8):
-        f = lab.sharded(lambda q, h: M.mlp(q, jax.lax.pcast(h, "tp", to="varying"),
-                                            lambda y: jax.lax.psum(y, "tp")), k)
+        enter, reduce = M.tp_operators("tp")
+        f = lab.sharded(lambda q, h: M.mlp(q, enter(h), reduce), k)
         specs = param_specs(lab.axes, Plan(tp=k))
         placed = jax.device_put(p, jax.tree.map(lambda s: jax.sharding.NamedSharding(
             make_mesh(f"tp={k}", jax.devices()[:k]), s), specs, is_leaf=lambda s: isinstance(s, P)))
@@ -121,8 +121,8 @@ def part_b(lab: Lab, out: Path) -> dict:
     right = M.attention(p, x)
     rows, res = [], {}
     for k in (2, 4, 8):
-        f = lab.sharded(lambda q, h: M.attention(q, jax.lax.pcast(h, "tp", to="varying"),
-                                                  lambda y: jax.lax.psum(y, "tp")), k)
+        enter, reduce = M.tp_operators("tp")
+        f = lab.sharded(lambda q, h: M.attention(q, enter(h), reduce), k)
         diff = float(jnp.max(jnp.abs(f(p, x) - right)))
         res[k] = {"max_abs_diff": diff, "heads_per_device": lab.cfg.n_heads // k}
         rows.append([k, lab.cfg.n_heads // k, f"{diff:.1e}"])

@@ -246,6 +246,15 @@ def mlp(p, x, reduce=_same):
     return reduce(jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"]) + p["b2"]
 
 
+def tp_operators(tp_axis: str | None):
+    """(enter, reduce) joining tensor-parallel shares over `tp_axis` (see `block`); both the
+    identity without an axis."""
+    if tp_axis is None:
+        return _same, _same
+    return (lambda h: jax.lax.pcast(h, tp_axis, to="varying"),
+            lambda y: jax.lax.psum(y, tp_axis))
+
+
 def block(p, x, tp_axis: str | None = None):
     """One pre-LN transformer block: x + attn(LN(x)), then + mlp(LN(.)).
 
@@ -257,10 +266,7 @@ def block(p, x, tp_axis: str | None = None):
       reduce  psum forward: the all-reduce of the partial outputs.
     Two all-reduces per layer forward (attention, MLP) and two backward.
     """
-    enter = reduce = _same
-    if tp_axis is not None:
-        enter = lambda h: jax.lax.pcast(h, tp_axis, to="varying")  # noqa: E731
-        reduce = lambda y: jax.lax.psum(y, tp_axis)  # noqa: E731
+    enter, reduce = tp_operators(tp_axis)
     x = x + attention(p, enter(layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"])), reduce)
     return x + mlp(p, enter(layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"])), reduce)
 
