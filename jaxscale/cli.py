@@ -10,10 +10,13 @@ import importlib
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # a bad option value, one line on stderr
+EXIT_FAILED = 1  # the run went wrong (e.g. the loss became NaN)
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 
 # Subcommands beyond `train`: each module in jaxscale/commands/ has register(subparsers),
 # which adds its parser (class _Parser, so errors are one line) and sets `run=handler`.
@@ -30,30 +33,93 @@ class _Parser(argparse.ArgumentParser):
         _fail(message)
 
 
-def _fail(message: str):
+def _error(message: str) -> None:
+    """One line on stderr, red on a terminal."""
     red = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
     line = f"jaxscale: error: {message}"
     print(f"\033[31m{line}\033[0m" if red else line, file=sys.stderr)
+
+
+def _fail(message: str):
+    _error(message)
     raise SystemExit(EXIT_USAGE)
 
 
-def _number(kind=int, minimum=1, exclusive=False):
-    """An argparse type: a finite `kind` that is >= minimum (> minimum if exclusive)."""
+# The largest number an option takes unless it says otherwise: beyond it float arithmetic
+# loses integers and products overflow, and no training job has that many of anything.
+MAX_NUMBER = 1e15
+
+
+def _number(kind=int, minimum=1, exclusive=False, maximum=MAX_NUMBER):
+    """An argparse type: a finite `kind` >= minimum (> minimum if exclusive), <= maximum.
+
+    An integer may be written as a float that is one ("1e9", "1024.0").
+    """
     need = f"{'an integer' if kind is int else 'a number'} {'>' if exclusive else '>='} {minimum}"
 
     def parse(text: str):
         try:
-            value = kind(text)
+            value = float(text) if kind is float else _integer(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {need}, got {text!r}") from None
         if not math.isfinite(value) or value < minimum or (exclusive and value == minimum):
             raise argparse.ArgumentTypeError(f"must be {need}, got {text}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {_short(maximum)}, got {text}")
         return value
     return parse
 
 
+def _short(x: float) -> str:
+    return f"{x:g}".replace("e+0", "e").replace("e+", "e")
+
+
+def _integer(text: str):
+    """int("1024"), and the whole numbers floats spell ("1e9"); nan and inf as floats."""
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)  # ValueError when it is no number at all
+        if math.isfinite(value) and not value.is_integer():
+            raise ValueError(f"{text} is not a whole number") from None
+        return int(value) if math.isfinite(value) else value
+
+
+# "-7e9", "-.5", "-inf": a value, not an option (argparse alone takes only "-5" and "-0.5").
+_NEGATIVE_NUMBER = re.compile(r"^-(\d|\.\d|inf|nan)", re.IGNORECASE)
+
+
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """`--params -7e9` -> `--params=-7e9`, so that the option's own check reports the value."""
+    out: list[str] = []
+    for token in argv:
+        if (out and _NEGATIVE_NUMBER.match(token) and out[-1].startswith("--")
+                and "=" not in out[-1] and out[-1] != "--"):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
+def version_text() -> str:
+    """'jaxscale 0.1.0 (jax 0.10.2, jaxlib 0.10.2)', from the installed packages' metadata."""
+    from importlib import metadata
+
+    def v(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            if name == "jaxscale":  # run from a checkout that is not installed
+                from jaxscale import __version__
+                return f"{__version__} (not installed)"
+            return "not installed"
+    return f"jaxscale {v('jaxscale')} (jax {v('jax')}, jaxlib {v('jaxlib')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from jaxscale.commands.memory import preset_summary
     from jaxscale.model import PRESETS, REMAT_POLICIES
+    from jaxscale.paths import output_dir
     from jaxscale.parallel.schedule import SCHEDULES
     from jaxscale.precision import POLICIES, POLICY_HELP
     from jaxscale.train import LR_SCHEDULES, OPTIMIZERS, TrainConfig
@@ -62,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="jaxscale", description=(
         "Train a small transformer on the garden-world language and measure how "
         "training is spread over many devices."))
+    p.add_argument("--version", action="version", version=version_text(),
+                   help="print the versions of jaxscale, jax and jaxlib, and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -69,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Train a causal transformer on the garden-world corpus and report the validation "
         "loss next to the language's exact entropy floor (the loss no model can beat)."))
     t.add_argument("--model", default=d.model, choices=list(PRESETS), metavar="NAME",
-                   help=f"model preset: {', '.join(PRESETS)} (default {d.model}; 1b/7b are "
-                        "sized for GPU/TPU)")
+                   help=f"model preset: {'; '.join(preset_summary(k) for k in PRESETS)} "
+                        f"(default {d.model}; 1b and 7b are sized for GPU/TPU)")
     t.add_argument("--steps", type=_number(), default=d.steps,
                    help=f"training steps (default {d.steps})")
     t.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS, metavar="NAME",
@@ -92,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--stop-gap", type=_number(float, 0, exclusive=True), default=None,
                    metavar="NATS", help="stop as soon as validation loss is within NATS of "
                                         "the entropy floor")
-    t.add_argument("--out", default="runs/train", metavar="DIR",
+    t.add_argument("--out", type=output_dir, default="runs/train", metavar="DIR",
                    help="output folder for metrics.jsonl, loss_curve.png, result.json "
                         "(default runs/train)")
     t.add_argument("--json", action="store_true",
@@ -140,10 +208,15 @@ def _setup_devices(args):
 
 
 def enable_compilation_cache() -> None:
+    """Keep compiled programs on disk: in $JAXSCALE_CACHE_DIR ("off": nowhere); without it,
+    in the folder JAX is already set to use (JAX_COMPILATION_CACHE_DIR, a test suite's
+    cache), else in ~/.cache/jaxscale/xla."""
     import jax
 
-    cache = os.environ.get("JAXSCALE_CACHE_DIR",
-                           str(Path.home() / ".cache" / "jaxscale" / "xla"))
+    cache = os.environ.get("JAXSCALE_CACHE_DIR")
+    if cache is None:  # a folder someone already chose for JAX wins over our default
+        cache = (jax.config.jax_compilation_cache_dir
+                 or str(Path.home() / ".cache" / "jaxscale" / "xla"))
     if cache and cache.lower() != "off":
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -151,7 +224,8 @@ def enable_compilation_cache() -> None:
 
 
 def _cmd_train(args) -> int:
-    from jaxscale.train import TrainConfig, train
+    from jaxscale.report import plural
+    from jaxscale.train import TrainConfig, TrainInterrupted, train
 
     cfg = TrainConfig(model=args.model, steps=args.steps, optimizer=args.optimizer, lr=args.lr,
                       lr_schedule=args.lr_schedule, warmup=args.warmup,
@@ -167,28 +241,51 @@ def _cmd_train(args) -> int:
     def log(msg):
         print(f"jaxscale: warning: {msg}", file=sys.stderr)
 
-    result = train(cfg, out_dir=args.out, progress=not args.json, log=log)
+    try:
+        result = train(cfg, out_dir=args.out, progress=not args.json, log=log)
+    except TrainInterrupted as e:
+        print(f"jaxscale: interrupted after {plural(e.result.steps_run, 'step')} of "
+              f"{cfg.steps:,}; metrics so far and a partial result.json "
+              f"(\"interrupted\": true) in {args.out}/", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if args.json:
         print(json.dumps(result.to_json()))
     else:
         _print_summary(result, args.out)
+    if result.nonfinite_step is not None:
+        _error(_diverged_message(result, cfg))
+        return EXIT_FAILED
     return 0
 
 
-def _print_summary(r, out: str) -> None:
+def _diverged_message(r, cfg) -> str:
+    """Where the loss stopped being a number, and what usually keeps it one."""
+    tips = [f"a lower --lr (now {cfg.lr:g}, e.g. {cfg.lr / 10:g})",
+            f"a longer --warmup (now {cfg.warmup})"]
+    if cfg.precision != "fp32":  # low precision overflows first: fp32, or fp16's loss scaling
+        tips.append("--precision fp32" if cfg.precision == "fp16"
+                    else "--precision fp32, or fp16 (dynamic loss scaling)")
+    return (f"the training loss became {r.loss_curve[-1]} at step {r.nonfinite_step:,}, so "
+            f"training stopped there; try {', or '.join(tips)}")
+
+
+def _print_summary(r, out) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from jaxscale.report import plural
 
     table = Table(title=f"jaxscale train: {r.config['model']}", show_header=False)
     rows = [
         ("parameters", f"{r.param_count:,}"),
         ("precision", f"{r.config['precision']} (loss scale at the end {r.loss_scale:g}, "
-                      f"{r.skipped_steps} skipped steps)"),
-        ("steps", f"{r.steps_run:,} ({r.tokens_seen:,} target tokens)"),
+                      f"{plural(r.skipped_steps, 'skipped step')})"),
+        ("steps", f"{r.steps_run:,} ({plural(r.tokens_seen, 'target token')})"),
         ("final training loss", f"{r.loss_curve[-1]:.4f} nats/token"),
-        ("validation loss", f"{r.val_loss:.4f} nats/token"),
+        ("validation loss", f"{r.val_loss:.4f} nats/token" if math.isfinite(r.val_loss)
+         else "not measured (the loss diverged)"),
         ("entropy floor (exact)", f"{r.entropy_floor:.4f} nats/token"),
-        ("gap to floor", f"{r.gap:.4f} nats"),
+        ("gap to floor", f"{r.gap:.4f} nats" if math.isfinite(r.gap) else "-"),
         ("compile (first step)", f"{r.compile_s:.2f} s"),
         ("training wall time", f"{r.train_s:.1f} s, {r.tokens_per_s:,.0f} tokens/s"),
     ]
@@ -201,13 +298,19 @@ def _print_summary(r, out: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        args = build_parser().parse_args(_attach_negative_values(argv))
         return args.run(args)
     except ValueError as e:  # our errors are ValueError subclasses with a complete message
         if type(e).__module__.startswith("jaxscale"):
             _fail(str(e))
         raise
+    except OverflowError as e:  # a safety net: the options' limits should keep it away
+        _fail(f"a number is too large to compute with ({e}): use smaller values")
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop: nothing to save
+        print("jaxscale: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ Failure and checkpoint formulas are in jaxscale.failures, layout search in jaxsc
 """
 from __future__ import annotations
 
+import math
+
 LINKS = {  # bytes per second
     "nvlink": 300e9,  # NVLink within a node (lecture 13: 300 GB/s and up)
     "infiniband": 50e9,  # between nodes (lecture 13 exercises 4 and 6: ~50 GB/s)
@@ -192,7 +194,9 @@ def link_bandwidth(link: str | float) -> tuple[str, float]:
     except (TypeError, ValueError):
         raise CostModelError(f"unknown link {link!r}; choose from {', '.join(LINKS)} or a "
                              "bandwidth in GB/s such as 25") from None
-    if not gbs > 0 or gbs == float("inf"):
+    if not math.isfinite(gbs):
+        raise CostModelError(f"link bandwidth must be a finite number of GB/s, got {link}")
+    if not gbs > 0:
         raise CostModelError(f"link bandwidth must be > 0 GB/s, got {link}")
     return f"{gbs:g} GB/s", gbs * 1e9
 
@@ -245,8 +249,16 @@ _BYTES = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def _parse(text: str, units: dict, what: str, examples: str) -> float:
+# The largest count (parameters) and size accepted: far beyond any model or device, yet small
+# enough that every figure derived from them stays a readable, finite float.
+MAX_COUNT, MAX_BYTES = 1e15, 1e18
+
+
+def _parse(text: str, units: dict, what: str, examples: str, maximum: float) -> float:
     s = str(text).strip().replace("_", "").replace(",", "")
+    if s.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        raise CostModelError(f"{what} {text!r} is not understood: it must be a finite number "
+                             f"> 0; write e.g. {examples}")
     num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     unit = s[len(num):].strip().lower()
     try:
@@ -255,21 +267,34 @@ def _parse(text: str, units: dict, what: str, examples: str) -> float:
         raise CostModelError(f"{what} {text!r} is not understood; write e.g. {examples}") from None
     if not (value > 0 and value != float("inf")):
         raise CostModelError(f"{what} must be > 0, got {text!r}")
+    if value > maximum:
+        limit = f"{maximum:.0e}".replace("e+", "e")
+        raise CostModelError(f"{what} must be at most {limit}, got {text!r}")
     return value
 
 
 def parse_count(text: str) -> float:
     """A positive count such as "7e9", "7B" (billion), "350M", "1.5T", "7000000000"."""
-    return _parse(text, _COUNT, "count", "7e9, 7B, 350M or 1.5T")
+    return _parse(text, _COUNT, "count", "7e9, 7B, 350M or 1.5T", MAX_COUNT)
 
 
 def parse_bytes(text: str) -> float:
     """A positive size in bytes: "80GB" (1e9), "80GiB" (2^30), "512MB", or plain "8e10"."""
-    return _parse(text, _BYTES, "size", "80GB, 80GiB, 512MB or 8e10")
+    return _parse(text, _BYTES, "size", "80GB, 80GiB, 512MB or 8e10", MAX_BYTES)
 
 
 def human_bytes(n: float) -> str:
-    """Bytes with both units the project uses: GB = 1e9 and GiB = 2^30 (or MB / MiB)."""
+    """Bytes with both units the project uses: GB = 1e9 and GiB = 2^30 (or MB / MiB, and
+    PB / PiB from 1e15 on, where GB would need too many digits)."""
+    if abs(n) >= 1e15:
+        return f"{n / 1e15:,.4g} PB ({n / 2**50:,.4g} PiB)"
     if abs(n) >= 1e9:
         return f"{n / 1e9:,.2f} GB ({n / 2**30:,.2f} GiB)"
     return f"{n / 1e6:,.1f} MB ({n / 2**20:,.1f} MiB)"
+
+
+def short_bytes(n: float) -> str:
+    """One unit only, for tables too narrow for both: MB (1e6), GB (1e9) or PB (1e15)."""
+    if abs(n) >= 1e15:
+        return f"{n / 1e15:,.4g} PB"
+    return f"{n / 1e9:,.2f} GB" if abs(n) >= 1e9 else f"{n / 1e6:,.1f} MB"

@@ -71,10 +71,21 @@ def daly_interval(save: float, mtbf: float) -> float:
 
 
 def expected_waste(interval: float, save: float, mtbf: float, restart: float = 0.0) -> float:
-    """Exact wasted fraction under exponential failures (Daly's model): 1 - tau / E[time]."""
+    """Exact wasted fraction under exponential failures (Daly's model): 1 - tau / E[time].
+
+    Computed through log E, so that a segment many MTBFs long (E beyond any float) gives a
+    waste of 1 instead of an overflow.
+    """
     _positive(("restart",), interval=interval, save=save, mtbf=mtbf, restart=restart)
-    segment = mtbf * math.exp(restart / mtbf) * math.expm1((interval + save) / mtbf)
-    return 1 - interval / segment
+    x = (interval + save) / mtbf
+    if x > 1:  # log(e^x - 1) = x + log(1 - e^-x), which never overflows
+        log_expm1 = x + math.log1p(-math.exp(-x))
+    elif x > 0:
+        log_expm1 = math.log(math.expm1(x))
+    else:  # (tau + delta) / M underflowed to 0: e^x - 1 = x, taken in logs
+        log_expm1 = math.log(interval + save) - math.log(mtbf)
+    log_segment = math.log(mtbf) + restart / mtbf + log_expm1
+    return 1 - math.exp(math.log(interval) - log_segment)
 
 
 def checkpoint_plan(devices: int, device_mtbf: float, save: float, restart: float = 0.0,
@@ -91,7 +102,7 @@ def checkpoint_plan(devices: int, device_mtbf: float, save: float, restart: floa
     _positive(("async_write",), async_blocking=blocking, async_write=write)
     young, daly = young_interval(save, m), daly_interval(save, m)
     a_tau = young_interval(blocking, m)
-    return {
+    plan = {
         "devices": devices, "device_mtbf": device_mtbf, "cluster_mtbf": m,
         "save": save, "restart": restart,
         "young": {"interval": young,
@@ -103,3 +114,17 @@ def checkpoint_plan(devices: int, device_mtbf: float, save: float, restart: floa
                   "waste_with_write": first_order_waste(a_tau, blocking, m, restart, write),
                   "interval_covers_write": a_tau >= write},
     }
+    _check_finite(plan, f"devices={devices}, device MTBF={device_mtbf:g}, save={save:g}, "
+                        f"restart={restart:g}")
+    return plan
+
+
+def _check_finite(figures: dict, inputs: str) -> None:
+    """Refuse inputs so extreme that a figure is no longer a finite float."""
+    for key, v in figures.items():
+        if isinstance(v, dict):
+            _check_finite(v, inputs)
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise CostModelError(f"{inputs}: the {key} comes out as {v}; these inputs are "
+                                 "beyond what the formulas can compute in floating point, "
+                                 "choose less extreme ones")

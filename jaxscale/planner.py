@@ -66,6 +66,18 @@ REASONS = {  # rejection reason: key -> words
 MEMORY_OPTIONS = [(z, False) for z in range(4)] + [(z, True) for z in range(4)]
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n in increasing order (trial division up to sqrt(n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def describe_reference(name: str) -> str:
+    """'Llama-2-7B (32 layers, h = 4096, 32 heads, 6.74e+09 parameters)'."""
+    params, layers, hidden, heads = REFERENCE_SHAPES[name]
+    return f"{name} ({layers} layers, h = {hidden}, {heads} heads, {params:.3g} parameters)"
+
+
 def nearest_reference(params: float) -> tuple[str, tuple]:
     """The reference model whose parameter count is nearest on a log scale."""
     name = min(REFERENCE_SHAPES, key=lambda k: abs(math.log(REFERENCE_SHAPES[k][0] / params)))
@@ -219,8 +231,9 @@ def plan(w: Workload, c: Cluster, top: int = 5) -> dict:
     """
     check(w, c)
     fitting, rejected, considered, closest = [], {}, 0, None
-    for tp in (d for d in range(1, c.devices + 1) if c.devices % d == 0):
-        for pp in (d for d in range(1, c.devices // tp + 1) if (c.devices // tp) % d == 0):
+    factors = divisors(c.devices)
+    for tp in factors:
+        for pp in (d for d in factors if (c.devices // tp) % d == 0):
             dp = c.devices // (tp * pp)
             considered += 1
             reason = structural_reason(w, c, dp, tp, pp)

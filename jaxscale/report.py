@@ -1,37 +1,83 @@
-"""Output shared by every command: progress on long runs, figures.
+"""Output shared by every command: progress on long runs, counted words, figures.
 
 Progress is a rich bar on a terminal and a plain line every 10% otherwise (logs, CI), on
-stderr so that `--json` output on stdout stays one clean object.
+stderr so that `--json` output on stdout stays one clean object. Both show the time elapsed
+and an estimate of the time left.
 """
 from __future__ import annotations
 
+import math
 import sys
+import time
 from pathlib import Path
 
 
-class Progress:
-    """A rich progress bar on a terminal; a plain line every 10% of the steps otherwise."""
+def plural(n: float, word: str, many: str | None = None) -> str:
+    """A count with its noun in the right number: '1 device', '8 devices', '1,024 devices'.
 
-    def __init__(self, total: int, enabled: bool = True, label: str = "progress"):
-        self.total, self.enabled, self.label = total, enabled, label
-        self.bar, self.next_line = None, 0
+    `many` is the plural when adding -s (or -es after s, x, z, ch, sh) is wrong.
+    """
+    if many is None:
+        many = word + ("es" if word.endswith(("s", "x", "z", "ch", "sh")) else "s")
+    count = f"{n:,}" if isinstance(n, int) else f"{n:,.6g}"
+    return f"{count} {word if n == 1 else many}"
+
+
+def hms(seconds: float) -> str:
+    """Seconds as m:ss, or h:mm:ss from an hour on."""
+    s = int(round(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+class Progress:
+    """A rich progress bar on a terminal; a plain line every 10% of the steps otherwise.
+
+    The time left is estimated from the steps after the first update, so that the first
+    step's compilation does not count as the pace of the others.
+    """
+
+    def __init__(self, total: int, enabled: bool = True, label: str = "progress",
+                 clock=time.monotonic, console=None):
+        self.total, self.enabled, self.label, self.clock = total, enabled, label, clock
+        self.bar, self.next_line, self.first, self.file = None, 0, None, sys.stderr
+        self.start = clock()
         if enabled:
             from rich import progress as rp
             from rich.console import Console
 
-            console = Console(stderr=True)
+            console = Console(stderr=True) if console is None else console
+            self.file = console.file
             if console.is_terminal:
                 self.bar = rp.Progress(rp.TextColumn(label), rp.BarColumn(),
                                        rp.MofNCompleteColumn(), rp.TextColumn("{task.fields[info]}"),
-                                       rp.TimeRemainingColumn(), console=console)
-                self.task = self.bar.add_task(label, total=total, info="starting...")
+                                       rp.TextColumn("{task.fields[timing]}"), console=console)
+                self.task = self.bar.add_task(label, total=total, info="starting...",
+                                              timing="")
                 self.bar.start()
 
+    def timing(self, step: int) -> str:
+        """'0:12 elapsed, ~0:30 left' (no estimate until a step after the first is done)."""
+        now = self.clock()
+        if self.first is None:
+            self.first = (step, now)
+        text = f"{hms(now - self.start)} elapsed"
+        done, since = step - self.first[0], now - self.first[1]
+        if step >= self.total:
+            return text
+        if done > 0:
+            return f"{text}, ~{hms(since / done * (self.total - step))} left"
+        return f"{text}, time left: estimating"
+
     def update(self, step: int, info: str) -> None:
+        if not self.enabled:
+            return
+        timing = self.timing(step)
         if self.bar is not None:
-            self.bar.update(self.task, completed=step, info=info)
-        elif self.enabled and (step >= self.next_line or step == self.total):
-            print(f"{self.label} {step}/{self.total} {info}", file=sys.stderr, flush=True)
+            self.bar.update(self.task, completed=step, info=info, timing=timing)
+        elif step >= self.next_line or step == self.total:
+            print(f"{self.label} {step}/{self.total} {info} | {timing}", file=self.file,
+                  flush=True)
             self.next_line = step + max(1, self.total // 10)
 
     def close(self) -> None:
@@ -40,12 +86,15 @@ class Progress:
 
 
 def plot_loss_curve(result, path: Path) -> None:
-    """Training loss per step, validation loss, and the exact entropy floor."""
+    """Training loss per step, validation loss, and the exact entropy floor (finite points)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(range(1, len(result.loss_curve) + 1), result.loss_curve, lw=0.8, label="train loss")
-    vs, vl = zip(*result.val_curve)
-    ax.plot(vs, vl, "o-", ms=3, label="validation loss")
+    steps = [(i, x) for i, x in enumerate(result.loss_curve, 1) if math.isfinite(x)]
+    if steps:
+        ax.plot(*zip(*steps), lw=0.8, label="train loss")
+    vals = [(s, v) for s, v in result.val_curve if math.isfinite(v)]
+    if vals:
+        ax.plot(*zip(*vals), "o-", ms=3, label="validation loss")
     ax.axhline(result.entropy_floor, color="k", ls="--",
                label=f"entropy floor {result.entropy_floor:.4f}")
     ax.set(xlabel="step", ylabel="nats / token", yscale="log",

@@ -29,6 +29,15 @@ class TrainConfigError(ValueError):
     """A training option is out of range."""
 
 
+class TrainInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `train`: the metrics so far and a partial result are written; `result`
+    holds the steps that ran. A KeyboardInterrupt still, so callers stop as they would."""
+
+    def __init__(self, result: "TrainResult"):
+        super().__init__(f"interrupted after {result.steps_run} steps")
+        self.result = result
+
+
 OPTIMIZERS = tuple(optim.OPTIMIZERS)
 LR_SCHEDULES = ("cosine", "constant")
 
@@ -179,15 +188,28 @@ class TrainResult:
     loss_scale: float  # at the end (1.0 without loss scaling)
     skipped_steps: int  # updates skipped for non-finite gradients (dynamic loss scaling)
     reached_gap_at_s: float | None  # wall seconds from start of training to val gap <= stop_gap
+    nonfinite_step: int | None = None  # the step whose loss was NaN or inf; training stopped
+    interrupted: bool = False  # Ctrl-C: the steps that ran, no final validation
 
     @property
     def gap(self) -> float:
         return self.val_loss - self.entropy_floor
 
     def to_json(self) -> dict:
+        """Every field and the gap; NaN and inf become null (JSON has no such numbers)."""
         d = asdict(self)
         d["gap"] = self.gap
-        return d
+        return _json_ready(d)
+
+
+def _json_ready(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_ready(v) for v in x]
+    return x
 
 
 def init_state(cfg: TrainConfig):
@@ -205,7 +227,12 @@ def init_state(cfg: TrainConfig):
 
 def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = True,
           log=None) -> TrainResult:
-    """Train on the garden corpus; write metrics.jsonl and loss_curve.png into out_dir."""
+    """Train on the garden corpus; write metrics.jsonl, loss_curve.png, result.json into out_dir.
+
+    A NaN or inf loss stops training at that step (result.nonfinite_step says which). Ctrl-C
+    stops it too: metrics.jsonl and a result.json with "interrupted": true are written, then
+    TrainInterrupted (a KeyboardInterrupt) is raised with the partial result.
+    """
     cfg.validate()
     mcfg = modellib.preset(cfg.model)
     corpus = garden.make_corpus(cfg.seed, cfg.n_train_docs, cfg.n_val_docs, mcfg.seq_len)
@@ -229,6 +256,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     bar = Progress(cfg.steps, progress, label="train")
     t_start = time.perf_counter()
     compile_s, reached_at, norm_median = 0.0, None, None
+    nonfinite_at, interrupted = None, False
     try:
         for step in range(1, cfg.steps + 1):
             b = next(batches)
@@ -241,8 +269,10 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             losses.append(loss)
             norms.append(gnorm)
             tokens += b.n_tokens
+            if not math.isfinite(loss):  # diverged: every later step would be NaN too
+                nonfinite_at = step
             # the gradient norm warns of a loss spike before the loss does
-            if norm_median is not None and gnorm > 5 * norm_median and log is not None:
+            elif norm_median is not None and gnorm > 5 * norm_median and log is not None:
                 log(f"step {step}: gradient norm {gnorm:.3g} is {gnorm / norm_median:.1f}x "
                     "its recent median (possible loss spike)")
             norm_median = float(np.median(norms[-50:]))
@@ -250,35 +280,43 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
                       "lr": float(schedule(step - 1)), "loss_scale": float(m["loss_scale"]),
                       "skipped": int(m["skipped"]),
                       "time_s": time.perf_counter() - t_start}
-            if step % cfg.eval_every == 0 or step == cfg.steps:
+            if nonfinite_at is None and (step % cfg.eval_every == 0 or step == cfg.steps):
                 val = evaluate(eval_fn, whole(state), val_batches)
                 val_curve.append((step, val))
                 record.update(val_loss=val, entropy_floor=floor, gap=val - floor)
                 if cfg.stop_gap is not None and val - floor <= cfg.stop_gap and reached_at is None:
                     reached_at = time.perf_counter() - t_start
             if jsonl is not None:
-                jsonl.write(json.dumps(record) + "\n")
+                jsonl.write(json.dumps(_json_ready(record)) + "\n")
             elapsed = time.perf_counter() - t_start - compile_s
             rate = tokens / elapsed if elapsed > 0 and step > 1 else 0.0
             gap_txt = f" gap {val_curve[-1][1] - floor:.3f}" if val_curve else ""
             bar.update(step, f"loss {loss:.3f}{gap_txt} | {rate:,.0f} tok/s")
-            if reached_at is not None:
+            if reached_at is not None or nonfinite_at is not None:
                 break
+    except KeyboardInterrupt:  # Ctrl-C: keep what ran, write it below, then stop the caller
+        interrupted = True
     finally:
         bar.close()
         if jsonl is not None:
             jsonl.close()
     train_s = time.perf_counter() - t_start
-    if not val_curve or val_curve[-1][0] != len(losses):
+    # a final validation, unless the parameters are NaN or the user asked to stop now
+    if (not interrupted and nonfinite_at is None
+            and (not val_curve or val_curve[-1][0] != len(losses))):
         val_curve.append((len(losses), evaluate(eval_fn, whole(state), val_batches)))
     result = TrainResult(
         config=asdict(cfg), param_count=modellib.param_count(mcfg), entropy_floor=floor,
-        loss_curve=losses, grad_norms=norms, val_curve=val_curve, val_loss=val_curve[-1][1],
+        loss_curve=losses, grad_norms=norms, val_curve=val_curve,
+        val_loss=val_curve[-1][1] if val_curve else math.nan,
         steps_run=len(losses), tokens_seen=tokens, compile_s=compile_s, train_s=train_s,
         tokens_per_s=tokens / max(train_s - compile_s, 1e-9),
         loss_scale=float(state.loss_scale), skipped_steps=int(state.skipped),
-        reached_gap_at_s=reached_at)
+        reached_gap_at_s=reached_at, nonfinite_step=nonfinite_at, interrupted=interrupted)
     if out is not None:
-        plot_loss_curve(result, out / "loss_curve.png")
+        if not interrupted and any(map(math.isfinite, losses)):
+            plot_loss_curve(result, out / "loss_curve.png")
         (out / "result.json").write_text(json.dumps(result.to_json(), indent=1))
+    if interrupted:
+        raise TrainInterrupted(result)
     return result

@@ -4,26 +4,33 @@ The device count is fixed here, before any test imports or runs JAX code, and as
 Single-device tests do not see the other devices: a plain jax.jit places everything on
 device 0 (test_train checks that). Tests that need a *different* device count, or a fresh
 backend, run in a subprocess (see `run_python`).
+
+The suite writes nothing outside the repository (and pytest's tmp_path): compiled programs
+go to .cache/jax-tests/, also for the CLI run in-process or in a subprocess (its
+enable_compilation_cache reads JAXSCALE_CACHE_DIR), and matplotlib's font cache to
+.cache/matplotlib/. Both are set here, before anything imports JAX or matplotlib.
 """
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import functools
-
-import jax
-import optax
-import pytest
-
-from jaxscale import garden, model as M
-from jaxscale.devices import force_cpu_devices
-from jaxscale.parallel.plan import Plan, build_train_step
-from jaxscale.train import TrainConfig, as_arrays, init_state
-
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "jax-tests"
 N_DEVICES = 8
+os.environ["JAXSCALE_CACHE_DIR"] = str(CACHE)
+os.environ["MPLCONFIGDIR"] = str(ROOT / ".cache" / "matplotlib")
+
+import functools  # noqa: E402
+
+import jax  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+
+from jaxscale import garden, model as M  # noqa: E402
+from jaxscale.devices import force_cpu_devices  # noqa: E402
+from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", str(CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

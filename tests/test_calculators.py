@@ -1,10 +1,13 @@
-"""`jaxscale memory`, `comm` and `failures`: --json figures against the lectures' numbers,
-human tables, --help, and bad input as one line with exit code 2."""
+"""`jaxscale memory`, `comm`, `failures` and `plan`: --json figures against the lectures'
+numbers, human tables in good grammar, --help, huge inputs, and bad input (negative, nan,
+inf, too large) as one line with exit code 2."""
+import re
 
 import pytest
 
 from jaxscale.cli import main
 from jaxscale.model import param_count, preset
+from jaxscale.report import plural
 
 GIB = 2**30
 
@@ -198,8 +201,121 @@ def test_help_explains(cli, capsys, command, words):
     (["plan", "--params", "7e9", "--devices", "8", "--usable", "1.5"], ["--usable 1.5", "(0, 1]"]),
     (["plan", "--params", "7e9", "--devices", "8", "--max-bubble", "1"], ["--max-bubble 1"]),
     (["plan", "--params", "7e9", "--devices", "8", "--intra-link", "pcie"], ["'pcie'", "nvlink"]),
+    # negative numbers that argparse alone takes for options, nan, inf, too large
+    (["memory", "--params", "-7e9"], ["--params", "must be > 0, got '-7e9'"]),
+    (["memory", "--params", "1e30"], ["--params", "at most 1e15", "'1e30'"]),
+    (["memory", "--params", "nan"], ["--params", "'nan'", "finite number > 0"]),
+    (["memory", "--params", "-inf"], ["--params", "'-inf'", "finite number > 0"]),
+    (["memory", "--params", "7e9", "--devices", "-1e3"], ["--devices", "got -1e3"]),
+    (["memory", "--params", "7e9", "--devices", "2.5"], ["--devices", "integer", "'2.5'"]),
+    (["memory", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "1e10"],
+     ["--seq", "at most 1e9"]),
+    (["comm", "--params", "7e9", "--devices", "1e12"], ["--devices", "at most 1e9", "1e12"]),
+    (["comm", "--params", "7e9", "--link", "inf"], ["--link", "finite", "inf"]),
+    (["comm", "--params", "7e9", "--link", "-5e1"], ["--link", "> 0 GB/s", "-5e1"]),
+    (["plan", "--params", "7e9", "--devices", "-8"], ["--devices", "got -8"]),
+    (["plan", "--params", "7e9", "--devices", "8", "--usable", "nan"], ["--usable", "nan"]),
+    (["plan", "--params", "7e9", "--devices", "8", "--device-memory", "-8e10"],
+     ["--device-memory", "> 0", "'-8e10'"]),
+    (["plan", "--params", "7e9", "--devices", "8", "--max-bubble", "-.5"], ["--max-bubble", "-.5"]),
+    (["failures", "--mtbf-hours", "inf"], ["--mtbf-hours", "got inf"]),
+    (["failures", "--mtbf-hours", "1e308"], ["--mtbf-hours", "at most 1e15"]),
+    (["failures", "--save-minutes", "-1e-3"], ["--save-minutes", "got -1e-3"]),
+    (["failures", "--devices", "1e10"], ["--devices", "at most 1e9"]),
+    (["schedule", "--stages", "-4e0"], ["--stages", "-4e0"]),
+    (["schedule", "--forward-cost", "nan"], ["--forward-cost", "nan"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(fail, argv, words):
     err = fail(*argv)
     for w in words:
         assert w in err, err
+
+
+# ------------------------------------------------------------------------------------
+# huge inputs: a result that says what it means, never an overflow
+# ------------------------------------------------------------------------------------
+
+def test_failures_with_huge_inputs(cli):
+    r = cli("failures", "--save-minutes", "1e9", "--json")
+    assert r["young"]["waste_exact"] == r["daly"]["waste_exact"] == 1.0  # was OverflowError
+    r = cli("failures", "--devices", "1e9", "--mtbf-hours", "1", "--json")
+    assert r["devices"] == 10**9 and r["cluster_mtbf"] == pytest.approx(60 / 1e9)
+    assert r["daly"]["waste_exact"] == pytest.approx(1.0)
+    out = " ".join(cli("failures", "--devices", "1e9", "--mtbf-hours", "1").split())
+    assert "1,000,000,000 devices, each failing every 1 hour" in out
+    assert "over 100%: the first order no longer holds" in out
+    assert "more than half the time is lost at any interval" in out
+
+
+def test_plan_and_comm_with_a_billion_devices(cli):
+    # 1e9 = 2^9 5^9: 55 x 55 ordered factorisations dp x tp x pp, found without a 1e9 loop
+    r = cli("plan", "--params", "7e9", "--devices", "1e9", "--json", expect=1)
+    assert r["considered"] == 55 * 55 and r["recommended"] is None
+    r = cli("comm", "--params", "7e9", "--devices", "1e9", "--json")
+    assert r["dp"]["ring_bytes_per_device"] == pytest.approx(2 * 14e9, rel=1e-8)
+
+
+def test_huge_shape_prints_in_petabytes(cli):
+    out = cli("memory", "--layers", "1e6", "--hidden", "1e6", "--heads", "1", "--seq", "1e6")
+    assert " PB (" in out and "PiB)" in out
+    assert not re.search(r"\d{1,3}(,\d{3}){5,}", out), out  # no 18-digit GB figures
+
+
+# ------------------------------------------------------------------------------------
+# printed text: counts in the right number, which 7B model, no raw keys
+# ------------------------------------------------------------------------------------
+
+def test_plural():
+    assert plural(1, "device") == "1 device" and plural(8, "device") == "8 devices"
+    assert plural(1024, "device") == "1,024 devices" and plural(0, "step") == "0 steps"
+    assert plural(1, "micro-batch") == "1 micro-batch"
+    assert plural(2, "micro-batch") == "2 micro-batches"
+    assert plural(50000.0, "hour") == "50,000 hours" and plural(1.0, "hour") == "1 hour"
+    assert plural(3, "child", "children") == "3 children"
+
+
+def _text(out: str) -> str:
+    return " ".join(out.split())  # rich wraps long titles
+
+
+@pytest.mark.parametrize("argv, singular", [
+    (["memory", "--model", "tiny", "--devices", "1"], ["K = 1 device;", "1 sequence x 64 tokens"]),
+    (["comm", "--model", "tiny", "--devices", "1", "--tp", "1", "--pp", "1", "--batch", "1"],
+     ["K = 1 device,", "one step of 1 sequence x 64 tokens"]),
+    (["failures", "--devices", "1", "--mtbf-hours", "1"], ["1 device, each failing every 1 hour"]),
+    (["plan", "--model", "tiny", "--devices", "1", "--node-size", "1", "--batch", "1"],
+     ["batch 1 sequence", "micro-batch 1 sequence", "1 device in nodes", "1 layout considered"]),
+])
+def test_counts_of_one_are_singular(cli, argv, singular):
+    out = _text(cli(*argv))
+    for text in singular:
+        assert text in out, out
+    assert not re.search(r"\b1 (devices|sequences|tokens|layers|heads|layouts|hours)\b", out), out
+
+
+@pytest.mark.parametrize("argv", [
+    ["memory", "--model", "7b", "--devices", "8", "--lora-rank", "8", "--qlora"],
+    ["comm", "--model", "7b", "--tp", "8", "--pp", "8"],
+    ["failures"],
+    ["plan", "--params", "70e9", "--devices", "64"],
+])
+def test_no_raw_keys_in_printed_tables(cli, argv):
+    out = cli(*argv)
+    keys = re.findall(r"\b[a-z0-9]+_[a-z0-9_]+\b", out)  # per_layer_gb, used_bytes ...
+    assert not keys, keys
+
+
+def test_which_7b_model_each_tool_means(cli, capsys):
+    cfg = preset("7b")
+    out = _text(cli("memory", "--model", "7b"))
+    assert f"{param_count(cfg):.4g} parameters (preset 7b's count); preset 7b: 32 layers, " \
+           "h = 4096, 32 heads, ffn 16384, vocab 32000" in out
+    out = _text(cli("plan", "--params", "7e9", "--devices", "16", "--device-memory", "40GB"))
+    assert "assumed: Llama-2-7B (32 layers, h = 4096, 32 heads, 6.74e+09 parameters)" in out
+    assert "the given count" in out
+    out = _text(cli("comm", "--model", "7b"))
+    assert "preset 7b: 32 layers" in out
+    with pytest.raises(SystemExit):
+        cli("memory", "--help")
+    assert "7b (32 layers, d_model 4096, 32 heads, d_ff 16384, vocab 32000, seq 4096; " \
+           f"{param_count(cfg) / 1e9:.3g}B parameters)" in _text(capsys.readouterr().out)

@@ -1,12 +1,17 @@
-"""The `jaxscale` command: bad input is one clear line and exit code 2; a real run end to end."""
+"""The `jaxscale` command: bad input is one clear line and exit code 2; a real run end to
+end; a diverged run exits 1, Ctrl-C exits 130 with what ran saved; --version; the test
+suite's compilation cache is never re-pointed at the user's home."""
 import json
+from importlib import metadata
 
+import jax
 import pytest
 
-from jaxscale.cli import main
+from jaxscale import train as train_module
+from jaxscale.cli import enable_compilation_cache, main
 from jaxscale.model import param_count, preset
 
-from conftest import run_python
+from conftest import CACHE, run_python
 
 
 def _fail(capsys, argv):
@@ -43,6 +48,11 @@ def _fail(capsys, argv):
     (["train", "--schedule", "zigzag"], ["'zigzag'", "'gpipe', '1f1b', 'interleaved'"]),
     (["train", "--precision", "fp64"], ["'fp64'", "bf16", "fp16", "bf16-pure"]),
     (["train", "--model", "7b"], ["7b", "only built abstractly"]),
+    (["train", "--steps", "-1e3"], ["--steps", "got -1e3"]),  # not "expected one argument"
+    (["train", "--lr", "-1e-3"], ["--lr", "> 0", "-1e-3"]),
+    (["train", "--lr", "nan"], ["--lr", "got nan"]),
+    (["train", "--steps", "1e16"], ["--steps", "at most 1e15"]),
+    (["train", "--steps", "2.5"], ["--steps", "integer", "'2.5'"]),
     (["fly"], ["'fly'", "train"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
@@ -63,11 +73,17 @@ def test_help_explains_the_options(capsys):
 
 
 def test_train_end_to_end_json(tmp_path):
-    """`python -m jaxscale train ... --json` in a fresh process, forcing one CPU device."""
+    """`python -m jaxscale train ... --json` in a fresh process, forcing one CPU device, with
+    HOME an empty folder: nothing may be written there (caches stay in the repository)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    out_dir = tmp_path / "out"
     r = run_python("from jaxscale.cli import main; import sys; sys.exit(main(sys.argv[1:]))",
                    "train", "--steps", "40", "--eval-every", "20", "--devices", "1",
-                   "--mesh", "dp=1", "--json", "--out", str(tmp_path))
+                   "--mesh", "dp=1", "--json", "--out", str(out_dir), env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr
+    assert not list(home.rglob("*")), list(home.rglob("*"))
+    tmp_path = out_dir
     out = json.loads(r.stdout)
     assert len(out["loss_curve"]) == 40 and out["steps_run"] == 40
     assert out["val_loss"] > out["entropy_floor"] > 0.5
@@ -90,3 +106,76 @@ def test_data_parallel_bad_input(capsys):
     assert "12 documents is not divisible by dp x micro_batches = 8 x 1" in err
     err = _fail(capsys, ["train", "--mesh", "dp=4,tp=2", "--precision", "fp16", "--zero", "2"])
     assert "ZeRO stage 2" in err and "with tp=2, pp=1 only zero_stage=1" in err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"jaxscale {metadata.version('jaxscale')} ")
+    assert f"jax {jax.__version__}" in out and f"jaxlib {metadata.version('jaxlib')}" in out
+
+
+def test_train_out_is_checked_before_any_work(capsys, tmp_path):
+    (tmp_path / "file").write_text("x")
+    err = _fail(capsys, ["train", "--out", str(tmp_path / "file")])
+    assert "is an existing file, not a folder" in err
+    err = _fail(capsys, ["train", "--out", str(tmp_path / "file" / "sub")])
+    assert "is a file" in err
+
+
+# One short run that diverges (SGD at lr 1e4 gives NaN at step 4), shared by the next tests
+# so that they compile one program.
+DIVERGING = ["train", "--steps", "8", "--optimizer", "sgd", "--lr", "1e4", "--warmup", "0",
+             "--eval-every", "100"]
+
+
+def test_nan_loss_exits_1_with_one_line(capsys, tmp_path):
+    assert main([*DIVERGING, "--json", "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    result = json.loads(out.out)  # strict JSON: NaN became null
+    assert result["nonfinite_step"] == 4 and result["loss_curve"][-1] is None
+    assert result["steps_run"] == 4  # stopped at the NaN, not run to the end
+    err = [line for line in out.err.splitlines() if line.startswith("jaxscale: error:")]
+    assert len(err) == 1 and "at step 4" in err[0] and "lower --lr (now 10000" in err[0], out.err
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[-1])["loss"] is None
+    assert json.loads((tmp_path / "result.json").read_text())["nonfinite_step"] == 4
+    # the CLI kept the suite's compilation cache (it used to re-point it to ~/.cache)
+    assert jax.config.jax_compilation_cache_dir == str(CACHE)
+
+
+def test_ctrl_c_saves_what_ran_and_exits_130(capsys, tmp_path, monkeypatch):
+    class CtrlCAtStep2(train_module.Progress):
+        def update(self, step, info):
+            if step == 2:
+                raise KeyboardInterrupt
+            super().update(step, info)
+
+    monkeypatch.setattr(train_module, "Progress", CtrlCAtStep2)
+    assert main([*DIVERGING, "--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "interrupted after 2 steps of 8" in err, err
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["interrupted"] is True and saved["steps_run"] == 2
+    assert [json.loads(x)["step"] for x in
+            (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]  # flushed
+
+
+def test_ctrl_c_elsewhere_is_one_line_and_130(capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("jaxscale.commands.memory.run", interrupted)
+    assert main(["memory", "--params", "7e9"]) == 130
+    assert capsys.readouterr().err.strip() == "jaxscale: interrupted"
+
+
+def test_compilation_cache_keeps_a_dir_already_chosen(monkeypatch, tmp_path):
+    assert jax.config.jax_compilation_cache_dir == str(CACHE)
+    monkeypatch.delenv("JAXSCALE_CACHE_DIR")  # without it the default was ~/.cache/jaxscale
+    enable_compilation_cache()
+    assert jax.config.jax_compilation_cache_dir == str(CACHE)
+    monkeypatch.setenv("JAXSCALE_CACHE_DIR", "off")
+    enable_compilation_cache()
+    assert jax.config.jax_compilation_cache_dir == str(CACHE)

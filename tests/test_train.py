@@ -1,5 +1,8 @@
-"""Single-device training: the token-weighted loss, the step, determinism, the outputs."""
+"""Single-device training: the token-weighted loss, the step, determinism, the outputs,
+and progress with the time elapsed and left."""
+import io
 import json
+import re
 
 import jax
 import numpy as np
@@ -8,6 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxscale import garden, model as M
+from jaxscale.report import Progress
 from jaxscale.train import (TrainConfig, as_arrays, init_state, loss_fn,
                             make_train_step, train)
 
@@ -93,3 +97,47 @@ def test_stop_gap_ends_training_early():
 def test_bad_train_config(change, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**change).validate()
+
+
+class _Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def _progress(terminal: bool):
+    from rich.console import Console
+
+    clock, buf = _Clock(), io.StringIO()
+    console = Console(file=buf, force_terminal=terminal, width=150)
+    return Progress(10, label="train", clock=clock, console=console), clock, buf
+
+
+def test_progress_lines_show_elapsed_and_time_left():
+    bar, clock, buf = _progress(terminal=False)
+    clock.t += 30
+    bar.update(1, "loss 4.0")  # the first step compiled for 30 s: no estimate from it
+    clock.t += 2
+    bar.update(2, "loss 3.0")  # 2 s a step from here on: 8 steps, 16 s left
+    clock.t += 3600
+    bar.update(10, "loss 1.0")
+    bar.close()
+    lines = buf.getvalue().splitlines()
+    assert lines == ["train 1/10 loss 4.0 | 0:30 elapsed, time left: estimating",
+                     "train 2/10 loss 3.0 | 0:32 elapsed, ~0:16 left",
+                     "train 10/10 loss 1.0 | 1:00:32 elapsed"]
+
+
+def test_progress_bar_shows_elapsed_and_time_left():
+    bar, clock, buf = _progress(terminal=True)
+    clock.t += 30
+    bar.update(1, "loss 4.0")
+    clock.t += 2
+    bar.update(2, "loss 3.0")
+    bar.close()
+    shown = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.getvalue())  # no colours
+    assert "2/10 loss 3.0 0:32 elapsed, ~0:16 left" in shown, shown

@@ -14,17 +14,17 @@ from jaxscale import costmodel as cm
 from jaxscale.commands.memory import (
     add_shape_options,
     count_arg,
+    describe_shape,
     emit,
     link_arg,
     model_shape,
     short_bytes,
+    size_arg,
     table,
 )
 
 
 def register(subparsers) -> None:
-    from jaxscale.cli import _number
-
     p = subparsers.add_parser("comm", help="communication per step: ring all-reduce vs "
                               "parameter server, tensor/pipeline/data parallel volumes",
                               description=(
@@ -38,20 +38,20 @@ def register(subparsers) -> None:
         "--pp / all K devices. GB = 1e9 bytes."))
     p.add_argument("--params", type=count_arg, default=None, metavar="N",
                    help="parameter count, e.g. 7e9 or 7B (default: estimated from the shape)")
-    p.add_argument("--devices", type=_number(), default=8, metavar="K",
+    p.add_argument("--devices", type=size_arg(), default=8, metavar="K",
                    help="devices in the all-reduce (default 8)")
     presets = ", ".join(f"{k} ({v / 1e9:g} GB/s)" for k, v in cm.LINKS.items())
     p.add_argument("--link", type=link_arg, default=cm.link_bandwidth("infiniband"),
                    metavar="LINK", help=f"{presets}, or a bandwidth in GB/s per device and "
                                         "direction (default infiniband)")
-    p.add_argument("--grad-bytes", type=_number(), default=2, metavar="B",
+    p.add_argument("--grad-bytes", type=size_arg(), default=2, metavar="B",
                    help="bytes per gradient value: 2 for bf16/fp16, 4 for fp32 (default 2)")
-    p.add_argument("--act-bytes", type=_number(), default=2, metavar="B",
+    p.add_argument("--act-bytes", type=size_arg(), default=2, metavar="B",
                    help="bytes per activation value (default 2, 16-bit)")
     add_shape_options(p, "sequences per step", 2048, 8)
-    p.add_argument("--tp", type=_number(), default=None, metavar="T",
+    p.add_argument("--tp", type=size_arg(), default=None, metavar="T",
                    help="tensor-parallel degree (default K; must divide the heads)")
-    p.add_argument("--pp", type=_number(), default=None, metavar="P",
+    p.add_argument("--pp", type=size_arg(), default=None, metavar="P",
                    help="pipeline stages (default K; must divide the layers)")
     p.add_argument("--recompute", action="store_true",
                    help="full recomputation: forward runs twice, 6 TP all-reduces per layer")
@@ -59,8 +59,12 @@ def register(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+def _divisors(n: int, shown: int = 16) -> str:
+    from jaxscale.planner import divisors
+
+    ds = divisors(n)
+    more = f", ... ({len(ds)} divisors in all)" if len(ds) > shown else ""
+    return ", ".join(map(str, ds[:shown])) + more
 
 
 def compute(args) -> dict:
@@ -80,6 +84,7 @@ def compute(args) -> dict:
     ps = cm.parameter_server_bytes(payload, k)
     server = ps["server_sent"] + ps["server_received"]
     out = {"params": params, "params_source": source, "devices": k,
+           "model": describe_shape(shape, params, source),
            "grad_bytes": args.grad_bytes, "link": link, "link_bytes_per_s": bw,
            "dp": {"payload_bytes": payload, "ring_bytes_per_device": ring,
                   "ring_seconds": ring / bw, **ps, "server_total": server,
@@ -126,9 +131,11 @@ def _t(seconds: float) -> str:
 
 
 def render(r: dict) -> None:
+    from jaxscale.report import plural
+
     hb, d = cm.human_bytes, r["dp"]
-    table(f"data-parallel gradient all-reduce: {r['params']:.4g} parameters "
-          f"({r['params_source']}) x {r['grad_bytes']} bytes, K = {r['devices']}, on {r['link']}",
+    table(f"data-parallel gradient all-reduce: {r['model']}; x {r['grad_bytes']} bytes per "
+          f"gradient, K = {plural(r['devices'], 'device')}, on {r['link']}",
           ["", "bytes", f"time on {r['link']}"],
           [["gradients (payload n)", hb(d["payload_bytes"]), ""],
            ["ring: sent per device, 2(K-1)/K n", hb(d["ring_bytes_per_device"]),
@@ -142,8 +149,9 @@ def render(r: dict) -> None:
     st = r["strategies"]
     if st:
         names = list(st["rows"][0]["seconds"])
-        table(f"one step of {st['batch']} x {st['seq']} tokens, {st['layers']} layers, h = "
-              f"{st['hidden']}, {st['act_bytes']}-byte activations"
+        table(f"one step of {plural(st['batch'], 'sequence')} x {plural(st['seq'], 'token')}, "
+              f"{plural(st['layers'], 'layer')}, h = {st['hidden']}, "
+              f"{st['act_bytes']}-byte activations"
               f"{', recomputation' if st['recompute'] else ''} (GB = 1e9 bytes)",
               ["strategy", "degree", "each", "per step", "payload per step", "sent per device",
                *[f"time, {n}" for n in names]],

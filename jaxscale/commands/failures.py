@@ -11,7 +11,7 @@ and their derivation are in jaxscale.failures.
 from __future__ import annotations
 
 from jaxscale import failures as F
-from jaxscale.commands.memory import emit, table
+from jaxscale.commands.memory import emit, size_arg, table
 
 
 def register(subparsers) -> None:
@@ -29,7 +29,7 @@ def register(subparsers) -> None:
         "only for a snapshot (--async-blocking-minutes) and writes in the background "
         "(--async-write-minutes), during which the previous checkpoint is the one to restart "
         "from."))
-    p.add_argument("--devices", type=_number(), default=1024, metavar="N",
+    p.add_argument("--devices", type=size_arg(), default=1024, metavar="N",
                    help="devices in the job (default 1024)")
     p.add_argument("--mtbf-hours", type=_number(float, 0, exclusive=True), default=50000.0,
                    metavar="H", help="mean time between failures of one device, hours "
@@ -60,13 +60,18 @@ def compute(args) -> dict:
 
 
 def _pct(x: float) -> str:
+    if x > 1:  # the first-order formula counts losses twice once failures come that often
+        return f"{100 * x:,.4g}% (over 100%: the first order no longer holds)"
     return f"{100 * x:.2f}%"
 
 
 def render(r: dict) -> None:
+    from jaxscale.report import plural
+
     y, d, a = r["young"], r["daly"], r["async"]
-    table(f"{r['devices']:,} devices, each failing every {r['device_mtbf_hours']:,.6g} h on "
-          f"average; save {r['save']:g} min, restart {r['restart']:g} min",
+    table(f"{plural(r['devices'], 'device')}, each failing every "
+          f"{plural(r['device_mtbf_hours'], 'hour')} on average; save {r['save']:g} min, "
+          f"restart {r['restart']:g} min",
           ["", "value"],
           [["cluster MTBF M = device MTBF / N",
             f"{r['cluster_mtbf_hours']:,.4g} h ({r['cluster_mtbf']:,.5g} min)"],
@@ -82,6 +87,10 @@ def render(r: dict) -> None:
     if not a["interval_covers_write"]:
         print(f"note: the async interval {a['interval']:.3g} min is shorter than the "
               f"{a['write']:g} min write: saves would queue up")
+    if d["waste_exact"] > 0.5:
+        print(f"note: the job fails every {r['cluster_mtbf']:,.3g} min on average, against a "
+              f"{r['save']:g} min save: more than half the time is lost at any interval; use "
+              "fewer or more reliable devices, or faster (asynchronous) saves")
 
 
 def run(args) -> int:

@@ -31,27 +31,48 @@ def _arg_type(parse):
     return convert
 
 
+# The most devices, layers, heads, tokens... a calculator takes: more than any cluster or
+# model has, and small enough that divisors are found at once and products stay finite.
+MAX_SIZE = 10**9
+
 count_arg = _arg_type(cm.parse_count)  # "7e9", "7B", "350M"
 bytes_arg = _arg_type(cm.parse_bytes)  # "80GB", "80GiB", "8e10"
 link_arg = _arg_type(cm.link_bandwidth)  # "nvlink", "infiniband", "ethernet" or GB/s
 
 
+def size_arg(minimum: int = 1):
+    """argparse type: a whole number from minimum to MAX_SIZE (devices, layers, tokens...)."""
+    from jaxscale.cli import _number
+    return _number(minimum=minimum, maximum=MAX_SIZE)
+
+
+def preset_summary(name: str) -> str:
+    """Which model a preset is: '7b (32 layers, d_model 4096, 32 heads, d_ff 16384, vocab
+    32000, seq 4096; 6.59B parameters)', so that its count is not mistaken for another 7B."""
+    from jaxscale.model import PRESETS, param_count
+
+    c, n = PRESETS[name], param_count(PRESETS[name])
+    count = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n:,}"
+    return (f"{name} ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} heads, d_ff "
+            f"{c.d_ff}, vocab {c.vocab_size}, seq {c.seq_len}; {count} parameters)")
+
+
 def add_shape_options(p, batch_help: str, seq_default: int, batch_default: int) -> None:
     """--model, --layers, --hidden, --heads, --ffn, --vocab, --seq, --batch."""
-    from jaxscale.cli import _number
     from jaxscale.model import PRESETS  # already imported by jaxscale.cli.build_parser
 
     p.add_argument("--model", choices=list(PRESETS), metavar="PRESET",
                    help=f"take the shape (and parameter count) from a jaxscale.model preset: "
-                        f"{', '.join(PRESETS)}; explicit options below override it")
+                        f"{'; '.join(preset_summary(k) for k in PRESETS)}. Explicit options "
+                        "below override it")
     for flag, what in (("--layers", "transformer layers L"), ("--hidden", "hidden size h"),
                        ("--heads", "attention heads a (must divide h)"),
                        ("--ffn", "MLP inner size (default 4h)"),
                        ("--vocab", "vocabulary size")):
-        p.add_argument(flag, type=_number(), default=None, metavar="N", help=what)
-    p.add_argument("--seq", type=_number(), default=None, metavar="S",
+        p.add_argument(flag, type=size_arg(), default=None, metavar="N", help=what)
+    p.add_argument("--seq", type=size_arg(), default=None, metavar="S",
                    help=f"sequence length s (default the preset's, else {seq_default})")
-    p.add_argument("--batch", type=_number(), default=batch_default, metavar="B",
+    p.add_argument("--batch", type=size_arg(), default=batch_default, metavar="B",
                    help=f"{batch_help} (default {batch_default})")
 
 
@@ -120,12 +141,29 @@ def emit(args, result: dict, render) -> int:
 
 
 def gb(n: float) -> str:
-    return f"{n / 1e9:,.2f} GB"
+    """GB (1e9) with two decimals; PB (1e15) from there on."""
+    return f"{n / 1e9:,.2f} GB" if abs(n) < 1e15 else cm.short_bytes(n)
 
 
-def short_bytes(n: float) -> str:
-    """GB (1e9) or MB (1e6), for tables too narrow for both units."""
-    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
+short_bytes = cm.short_bytes  # GB or MB, for tables too narrow for both units
+
+
+def describe_shape(shape: dict | None, params: float, source: str) -> str:
+    """'6.592e+09 parameters (preset 7b's count); preset 7b: 32 layers, h = 4096, ...': the
+    parameter count with the model it belongs to, so that two "7B" models are told apart."""
+    from jaxscale.report import plural
+
+    text = f"{params:.4g} parameters ({source})"
+    if shape is None:
+        return text
+    parts = [plural(shape["layers"], "layer"), f"h = {shape['hidden']}"]
+    if shape.get("heads"):
+        parts.append(plural(shape["heads"], "head"))
+    parts.append(f"ffn {shape['ffn']}")
+    if shape.get("vocab"):
+        parts.append(f"vocab {shape['vocab']}")
+    origin = shape["source"] if shape["source"] != "options" else "shape"
+    return f"{text}; {origin}: {', '.join(parts)}"
 
 
 def table(title: str, columns: list[str], rows: list[list]) -> None:
@@ -139,8 +177,6 @@ def table(title: str, columns: list[str], rows: list[list]) -> None:
 # ------------------------------------------------------------------------------------
 
 def register(subparsers) -> None:
-    from jaxscale.cli import _number
-
     p = subparsers.add_parser("memory", help="bytes per device: model states under ZeRO, "
                               "activations, recomputation, LoRA/QLoRA", description=(
         "Memory per device of training a transformer, from closed forms. Model states: "
@@ -154,14 +190,14 @@ def register(subparsers) -> None:
         "bytes, GiB = 2^30."))
     p.add_argument("--params", type=count_arg, default=None, metavar="N",
                    help="parameter count, e.g. 7e9 or 7B (default: from --model or the shape)")
-    p.add_argument("--devices", type=_number(), default=1, metavar="K",
+    p.add_argument("--devices", type=size_arg(), default=1, metavar="K",
                    help="data-parallel devices that ZeRO shards over (default 1)")
     add_shape_options(p, "sequences per device (micro-batch)", 2048, 1)
     p.add_argument("--flash-attention", action="store_true",
                    help="count activations without the a*s*s attention maps (34*s*b*h)")
     p.add_argument("--recompute", action="store_true",
                    help="count activations with per-layer recomputation")
-    p.add_argument("--lora-rank", type=_number(), default=None, metavar="R",
+    p.add_argument("--lora-rank", type=size_arg(), default=None, metavar="R",
                    help="add a LoRA fine-tune with rank-R adapters on every linear layer")
     p.add_argument("--qlora", action="store_true",
                    help="add a QLoRA fine-tune (NF4 base; rank from --lora-rank, default 64)")
@@ -225,14 +261,17 @@ def compute(args) -> dict:
 
 
 def render(r: dict) -> None:
+    from jaxscale.report import plural
+
     hb = cm.human_bytes
     shape = r["shape"]
-    desc = (f"{r['params']:.4g} parameters ({r['params_source']})"
-            + (f", {shape['layers']} layers, h = {shape['hidden']}, {shape['heads']} heads, "
-               f"{r['batch']} x {shape['seq']} tokens per device" if shape else ""))
+    desc = describe_shape(shape, r["params"], r["params_source"])
+    if shape:
+        desc += (f"; {plural(r['batch'], 'sequence')} x {plural(shape['seq'], 'token')} "
+                 "per device")
     for prec, (p, g, o) in cm.STATE_BYTES.items():
         table(f"model states per device, {prec} ({p} + {g} + {o} bytes per parameter), "
-              f"K = {r['devices']} devices; {desc}",
+              f"K = {plural(r['devices'], 'device')}; {desc}",
               ["", "parameters", "gradients", "optimizer", "total", "bytes / parameter"],
               [[x["name"], gb(x["params"]), gb(x["grads"]), gb(x["optimizer"]), hb(x["total"]),
                 f"{x['bytes_per_param']:.4g}"] for x in r["model_states"][prec]])
@@ -257,7 +296,8 @@ def render(r: dict) -> None:
     f = r["finetune"]
     if f:
         table(f"fine-tuning on one device: rank {f['rank']} adapters on every linear layer, "
-              f"{f['adapter_params']:,} trainable parameters ({100 * f['adapter_fraction']:.3g}% "
+              f"{plural(f['adapter_params'], 'trainable parameter')} "
+              f"({100 * f['adapter_fraction']:.3g}% "
               f"of the model); NF4 = {f['nf4_bytes_per_param']:.4f} bytes per weight",
               ["", "weights (frozen for LoRA)", "trained: grads + Adam (+ adapters)", "total",
                "with activations"],

@@ -14,10 +14,12 @@ from jaxscale.commands.memory import (
     add_shape_options,
     bytes_arg,
     count_arg,
+    describe_shape,
     emit,
     link_arg,
     model_shape,
     short_bytes,
+    size_arg,
     table,
 )
 
@@ -39,13 +41,13 @@ def register(subparsers) -> None:
         "fits."))
     p.add_argument("--params", type=count_arg, default=None, metavar="N",
                    help="parameter count, e.g. 70e9 or 70B (default: from --model or the shape)")
-    p.add_argument("--devices", type=_number(), required=True, metavar="K", help="devices in all")
+    p.add_argument("--devices", type=size_arg(), required=True, metavar="K", help="devices in all")
     p.add_argument("--device-memory", type=bytes_arg, default=80e9, metavar="SIZE",
                    help="memory per device, e.g. 80GB or 80GiB (default 80GB)")
-    p.add_argument("--node-size", type=_number(), default=8, metavar="N",
+    p.add_argument("--node-size", type=size_arg(), default=8, metavar="N",
                    help="devices per node, joined by the intra-node link (default 8)")
     add_shape_options(p, "global batch in sequences per step", 4096, 256)
-    p.add_argument("--micro-batch", type=_number(), default=1, metavar="B",
+    p.add_argument("--micro-batch", type=size_arg(), default=1, metavar="B",
                    help="sequences per micro-batch (default 1)")
     p.add_argument("--flash-attention", action="store_true",
                    help="activations without the attention maps")
@@ -58,9 +60,9 @@ def register(subparsers) -> None:
                    metavar="LINK", help="link inside a node (default nvlink)")
     p.add_argument("--inter-link", type=link_arg, default=cm.link_bandwidth("infiniband"),
                    metavar="LINK", help="link between nodes (default infiniband)")
-    p.add_argument("--grad-bytes", type=_number(), default=2, metavar="B",
+    p.add_argument("--grad-bytes", type=size_arg(), default=2, metavar="B",
                    help="bytes per gradient value in the all-reduce (default 2)")
-    p.add_argument("--top", type=_number(minimum=0), default=5, metavar="N",
+    p.add_argument("--top", type=size_arg(minimum=0), default=5, metavar="N",
                    help="how many alternatives to list (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every figure")
     p.set_defaults(run=run)
@@ -82,9 +84,11 @@ def compute(args) -> dict:
         if args.params is None:
             raise cm.CostModelError("give --params (e.g. 70e9), or --model PRESET, or the "
                                     "shape (--layers --hidden --heads)")
-        name, (_, layers, hidden, heads) = P.nearest_reference(args.params)
+        name, (ref_params, layers, hidden, heads) = P.nearest_reference(args.params)
         shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq": args.seq or 4096,
-                 "source": f"assumed: {name}, the nearest published shape"}
+                 "source": f"assumed: {P.describe_reference(name)}, the published shape "
+                           f"nearest to {args.params:.3g} parameters (memory and "
+                           "communication use the given count)"}
     params = args.params if args.params is not None else shape["params"]
     w = P.Workload(params=params, layers=shape["layers"], hidden=shape["hidden"],
                    heads=shape["heads"], seq=shape["seq"], batch=args.batch,
@@ -94,7 +98,8 @@ def compute(args) -> dict:
                   usable=args.usable, intra=args.intra_link[1], inter=args.inter_link[1],
                   max_bubble=args.max_bubble)
     out = P.plan(w, c, args.top)
-    out["shape_source"] = shape["source"]
+    out["shape_source"] = (shape["source"] if shape["source"].startswith("assumed")
+                           else describe_shape(shape, params, shape["source"]))
     out["links"] = {"intra": args.intra_link[0], "inter": args.inter_link[0]}
     return out
 
@@ -117,11 +122,14 @@ COLUMNS = ["dp x tp x pp", "ZeRO", "recompute", "micro-batches", "bubble", "mode
 
 
 def render(r: dict) -> None:
+    from jaxscale.report import plural
+
     w, c = r["workload"], r["cluster"]
-    print(f"plan: {w['params']:.4g} parameters, {w['layers']} layers, h = {w['hidden']}, "
-          f"{w['heads']} heads (shape {r['shape_source']}); batch {w['batch']} x {w['seq']} "
-          f"tokens, micro-batch {w['micro_batch']}; {c['devices']} devices in nodes of "
-          f"{c['node_size']}, {cm.human_bytes(c['memory'])} each ({100 * c['usable']:.0f}% "
+    print(f"plan: {w['params']:.4g} parameters, {plural(w['layers'], 'layer')}, h = "
+          f"{w['hidden']}, {plural(w['heads'], 'head')} (shape {r['shape_source']}); batch "
+          f"{plural(w['batch'], 'sequence')} x {plural(w['seq'], 'token')}, micro-batch "
+          f"{plural(w['micro_batch'], 'sequence')}; {plural(c['devices'], 'device')} in nodes "
+          f"of {c['node_size']}, {cm.human_bytes(c['memory'])} each ({100 * c['usable']:.0f}% "
           f"usable); links {r['links']['intra']} inside a node, {r['links']['inter']} between")
     for i, rule in enumerate(r["rules"], 1):
         print(f"  rule {i}: {rule}")
@@ -132,9 +140,11 @@ def render(r: dict) -> None:
     else:
         print("no layout fits: see the reasons below")
     if r["alternatives"]:
-        table(f"the next {len(r['alternatives'])} of {r['fitting']} fitting layouts", COLUMNS,
+        n = len(r["alternatives"])
+        table(f"the next {plural(n, 'layout')} of the {r['fitting']:,} that fit", COLUMNS,
               [_row(x, c) for x in r["alternatives"]])
-    table(f"{r['considered']} layouts considered, {sum(r['rejected'].values())} rejected",
+    table(f"{plural(r['considered'], 'layout')} considered, "
+          f"{sum(r['rejected'].values()):,} rejected",
           ["reason", "layouts"], sorted(([k, v] for k, v in r["rejected"].items()),
                                         key=lambda kv: -kv[1]))
     miss = r["closest_memory_miss"]

@@ -1,0 +1,96 @@
+"""Every `jaxscale ...` command README.md shows works as shown.
+
+The calculators (closed forms, no JAX) are run in-process with --json, files going to
+tmp_path. `train` commands are sized for minutes, so they run up to the training loop:
+options parsed, the config validated, devices and mesh set up, then the loop is replaced.
+`compare` lines are checked by the compare tests.
+"""
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from jaxscale import train as train_module
+from jaxscale.cli import main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+CALCULATORS = {"memory", "comm", "failures", "plan", "schedule"}
+FILE_OPTIONS = {"--png", "--out"}
+
+
+def readme_commands() -> list[tuple[list[str], str]]:
+    """(argv without 'jaxscale', the line's trailing comment) for each command shown, in code
+    blocks and in inline code, in order and without repeats."""
+    text = README.read_text()
+    lines = [line for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
+             for line in block.splitlines()]
+    lines += re.findall(r"`(jaxscale [^`]+)`", text)
+    seen, out = set(), []
+    for line in lines:
+        command, _, comment = line.partition("#")
+        command = command.strip()
+        if command.startswith("jaxscale ") and command not in seen:
+            seen.add(command)
+            out.append((shlex.split(command)[1:], comment.strip()))
+    return out
+
+
+COMMANDS = readme_commands()
+CALCULATOR_LINES = [(a, c) for a, c in COMMANDS if a[0] in CALCULATORS]
+TRAIN_LINES = [a for a, _ in COMMANDS if a[0] == "train"]
+
+
+def _ids(argv) -> str:
+    return " ".join(argv)[:60]
+
+
+def _to_tmp(argv: list[str], tmp_path: Path) -> list[str]:
+    """The same command with every output file or folder inside tmp_path."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg in FILE_OPTIONS:
+            out[i + 1] = str(tmp_path / Path(out[i + 1]).name)
+    return out
+
+
+def test_the_readme_shows_every_calculator_and_train():
+    assert {a[0] for a, _ in CALCULATOR_LINES} == CALCULATORS
+    assert len(TRAIN_LINES) >= 3
+
+
+@pytest.mark.parametrize("argv, comment", CALCULATOR_LINES,
+                         ids=[_ids(a) for a, _ in CALCULATOR_LINES])
+def test_calculator_line_runs(cli, tmp_path, argv, comment):
+    result = cli(*_to_tmp(argv, tmp_path), "--json")
+    assert isinstance(result, dict) and result
+    if "--png" in argv:
+        assert (tmp_path / Path(argv[argv.index("--png") + 1]).name).stat().st_size > 1000
+
+
+def test_the_zero_paper_figures_in_the_readme_are_what_memory_prints(cli):
+    (argv, comment), = [(a, c) for a, c in CALCULATOR_LINES if "ZeRO paper" in c]
+    claimed = re.findall(r"\d+(?:\.(\d+))?", comment.split(":", 1)[1])  # decimals shown
+    figures = re.findall(r"\d+(?:\.\d+)?", comment.split(":", 1)[1])
+    totals = [x["total"] / 1e9 for x in cli(*argv, "--json")["model_states"]["mixed"]]
+    assert len(figures) == len(totals) == 4
+    assert [round(t, len(d)) for t, d in zip(totals, claimed)] == [float(f) for f in figures]
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("argv", TRAIN_LINES, ids=[_ids(a) for a in TRAIN_LINES])
+def test_train_line_gets_to_the_training_loop(tmp_path, monkeypatch, argv):
+    configs = []
+
+    def stop(cfg, **kwargs):
+        configs.append(cfg)
+        raise _Stop
+
+    monkeypatch.setattr(train_module, "train", stop)
+    with pytest.raises(_Stop):
+        main(_to_tmp(argv, tmp_path))
+    (cfg,) = configs
+    assert cfg.steps >= 1 and cfg.plan().n_devices >= 1
