@@ -81,6 +81,7 @@ PROBLEMS = {  # f, start, minimum value
     "bowl": (lambda w: 0.5 * (w[0] ** 2 + 50 * w[1] ** 2), (1.0, 1.0), 0.0),
     "saddle": (lambda w: w[0] ** 2 - w[1] ** 2 + w[1] ** 4 / 4, (1.0, 1e-4), -1.0),
 }
+FORMULAS = {"bowl": "f = (x² + 50 y²) / 2", "saddle": "f = x² - y² + y⁴/4"}  # for the figure
 TOY_LRS = np.geomspace(1e-3, 1.0, 13)
 TOY_STEPS, TOY_TOL = 1000, 1e-3
 
@@ -131,16 +132,28 @@ def part_a(lab: Lab, out: Path) -> dict:
                   else f"> {TOY_STEPS}", r["final_gap"],
                   "" if r["problem"] == "bowl" else r["steps_to_leave_ridge"]] for r in rows])
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
-    for ax, (prob, (f, start, _)) in zip(axes, PROBLEMS.items()):
-        xs, ys = np.meshgrid(np.linspace(-1.2, 1.2, 200), np.linspace(-1.2, 1.8, 200))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    shown = 200  # steps drawn: enough to see each path's shape
+    best_lr = {(r["problem"], r["optimizer"]): r["best_lr"] for r in rows}
+    for ax, (prob, (f, start, fmin)) in zip(axes, PROBLEMS.items()):
+        xs, ys = np.meshgrid(np.linspace(-1.2, 1.2, 200), np.linspace(-1.6, 1.8, 200))
         ax.contour(xs, ys, np.asarray(f(jnp.stack([xs, ys]))), levels=30, cmap="Greys", linewidths=0.5)
         for name in TOY_OPTIMIZERS:
-            p = best_paths[(prob, name)][:200]
-            ax.plot(p[:, 0], p[:, 1], ".-", ms=2, lw=0.8, label=name)
-        ax.set(title=f"{prob}, start {start}, best learning rate each", xlim=(-1.2, 1.2),
-               ylim=(-1.2, 1.8))
-        ax.legend(fontsize=8)
+            p = best_paths[(prob, name)][:shown + 1]
+            ax.plot(p[:, 0], p[:, 1], ".-", ms=2, lw=0.8,
+                    label=f"{name}, lr {best_lr[(prob, name)]:.3g}")
+        minima = [(0.0, 0.0)] if prob == "bowl" else [(0.0, 2 ** 0.5), (0.0, -(2 ** 0.5))]
+        assert all(abs(float(f(jnp.asarray(m))) - fmin) < 1e-6 for m in minima)  # f* there
+        ax.plot(*zip(*minima), "k*", ms=10,
+                label=f"{'minimum' if len(minima) == 1 else 'minima'}, f* = {fmin:g}")
+        ax.plot(*start, "ko", mfc="none", ms=7, label=f"start {start}")
+        if prob == "saddle":
+            ax.plot(0, 0, "kx", ms=8, label="saddle point (0, 0)")
+        ax.set(title=f"{prob}: {FORMULAS[prob]}; first {shown} steps at each optimizer's "
+               "best learning rate", xlim=(-1.2, 1.2), ylim=(-1.6, 1.8), xlabel="x",
+               ylabel="y")
+        ax.title.set_fontsize(10)
+        ax.legend(fontsize=7, loc="lower left")
     save_figure(fig, out / "a_trajectories.png")
     return {"rows": rows, "lr_grid": TOY_LRS.tolist(), "tolerance": TOY_TOL,
             "max_steps": TOY_STEPS}
@@ -245,10 +258,14 @@ def part_c(lab: Lab, out: Path) -> dict:
     for name in LM_GRIDS:
         pts = [(r["lr"], r["val_loss"]) for r in rows if r["optimizer"] == name
                and r["val_loss"] is not None]
-        ax.plot(*zip(*pts), "o-", label=name)
+        lost = sum(r["optimizer"] == name and r["val_loss"] is None for r in rows)
+        ax.plot(*zip(*pts), "o-", label=name + (f" ({lost} lr diverged, not drawn)"
+                                                if lost else ""))
     ax.axhline(lab.floor, color="k", ls="--", label=f"entropy floor {lab.floor:.3f}")
-    ax.set(xscale="log", yscale="log", xlabel="learning rate", ylabel="validation loss (nats/token)",
-           title=f"garden LM after {STEPS} steps of {BATCH} documents")
+    # losses span less than a decade: a linear axis; learning rates span 3 decades: log
+    ax.set(xscale="log", xlabel="learning rate (log)", ylabel="validation loss (nats/token)",
+           title=f"garden LM after {STEPS} steps of {BATCH} documents, "
+                 "4 learning rates per optimizer")
     ax.legend()
     save_figure(fig, out / "c_loss_vs_lr.png")
     return {"rows": rows, "summary": summary, "entropy_floor": lab.floor,
@@ -278,13 +295,16 @@ def part_d(lab: Lab, out: Path) -> dict:
                 ["learning rate", "", "train loss with", "train loss without", "val with",
                  "val without"], [list(r.values()) for r in rows])
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
     for j, (ax, (k, i)) in enumerate(zip(axes, picks.items())):
-        ax.plot(with_bc["losses"][i], label="with correction")
-        ax.plot(without["losses"][j], label="without")
-        ax.set(title=f"{k} lr = {grid[i]:.3g}", xlabel="step", yscale="log")
-    axes[0].set_ylabel("training loss")
+        ax.plot(np.arange(1, STEPS + 1), with_bc["losses"][i], label="with bias correction")
+        ax.plot(np.arange(1, STEPS + 1), without["losses"][j], label="without")
+        ax.axhline(lab.floor, color="k", ls="--", lw=0.8, label=f"entropy floor {lab.floor:.3f}")
+        ax.set(title=f"{k} lr = {grid[i]:.3g}", xlabel="step")
+    axes[0].set_ylabel("training loss (nats/token)")
     axes[0].legend()
+    fig.suptitle(f"Adam with and without bias correction, garden LM, {STEPS} steps of {BATCH} "
+                 "documents")
     save_figure(fig, out / "d_bias_correction.png")
     return {"multiplier": {str(b2): dict(zip(map(str, ts), map(float, m))) for b2, m in mult.items()},
             "rows": rows}
@@ -351,13 +371,16 @@ def part_f(lab: Lab, out: Path, lr: float = 1e-2, lam: float = 0.01) -> dict:
                 ["optimizer", "val loss", "weight norm", "decay p10", "decay p90", "p90 / p10"],
                 [list(r.values()) for r in rows])
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 5))
     for name, (g, d) in curves.items():
         keep = np.random.default_rng(0).choice(g.size, size=min(4000, g.size), replace=False)
-        ax.scatter(g[keep], d[keep], s=2, alpha=0.4, label=name)
-    ax.set(xscale="log", yscale="log", xlabel="gradient size sqrt(v_hat)",
-           ylabel="effective weight decay per step", title="AdamW decays every parameter alike")
-    ax.legend(markerscale=5)
+        ax.scatter(g[keep], d[keep], s=2, alpha=0.4, label={
+            "adamw": "AdamW: lr x lambda", "adam_l2": "Adam + L2: lr x lambda / (sqrt(v_hat) + eps)"}[
+            name] + f"\n({keep.size:,} of the {g.size:,} parameters with a gradient)")
+    ax.set(xscale="log", yscale="log", xlabel="gradient size sqrt(v_hat) (log)",
+           ylabel="share of a weight decayed per step (log)",
+           title=f"AdamW decays every parameter alike\n(lr {lr:g}, lambda {lam:g}, {STEPS} steps)")
+    ax.legend(markerscale=5, fontsize=8, loc="upper right")
     save_figure(fig, out / "f_decay_vs_gradient.png")
     return {"rows": rows, "lr": lr, "lambda": lam, "initial_weight_norm": init_norm}
 

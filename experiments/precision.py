@@ -186,14 +186,28 @@ def part_c(lab: Lab, out: Path, steps: int = 400, lr: float = 3e-3) -> dict:
                 ["run", "gradients", "loss at 100", "train loss (last 10)", "val loss", "gap",
                  "skipped", "final scale", "val - fp32"], [list(r.values()) for r in rows])
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-    for ax, size in zip(axes, ("real", "4096x smaller")):
-        for label in CURVES:
-            ax.plot(curves[(label, size)], lw=0.8, label=label)
-        ax.axhline(lab.floor, color="k", ls="--", lw=0.8)
-        ax.set(title=f"gradients: {size}", xlabel="step", yscale="log")
-    axes[0].set_ylabel("training loss")
-    axes[0].legend()
+    # the curves that train lie on top of each other: below them, each one's distance from
+    # fp32's, smoothed over 10 steps (batch noise is shared, so it cancels in the difference)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True, sharey="row",
+                             gridspec_kw={"height_ratios": [3, 2]})
+    smooth = lambda x: np.convolve(x, np.ones(10) / 10, mode="valid")  # noqa: E731
+    for col, size in enumerate(("real", "4096x smaller")):
+        top, bottom = axes[0, col], axes[1, col]
+        for i, label in enumerate(CURVES):
+            top.plot(np.arange(1, steps + 1), curves[(label, size)], lw=0.8, color=f"C{i}",
+                     label=label)
+            if label != "fp32":
+                gap = smooth(np.abs(curves[(label, size)] - curves[("fp32", size)]))
+                bottom.plot(np.arange(10, steps + 1), np.maximum(gap, 1e-6), lw=0.9,
+                            color=f"C{i}")
+        top.axhline(lab.floor, color="k", ls="--", lw=0.8,
+                    label=f"entropy floor {lab.floor:.3f}")
+        top.set(title=f"gradients: {size}")
+        bottom.set(xlabel="step", yscale="log")
+    axes[0, 0].set_ylabel("training loss (nats/token)")
+    axes[1, 0].set_ylabel("|loss - fp32 loss| (nats/token),\nmean of 10 steps, log")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"{steps} steps of Adam (lr {lr:g}), {BATCH} documents per step")
     save_figure(fig, out / "c_training_curves.png")
     return {"rows": rows, "steps": steps, "lr": lr}
 

@@ -154,22 +154,57 @@ def part_b(lab: Lab, out: Path) -> dict:
     return {"runs": res, "formulas": formulas}
 
 
+def _outer_scans(jaxpr) -> list:
+    """The scan equations of a jaxpr that no other scan encloses (searched through jit,
+    shard_map, cond and other sub-programs)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn)
+            continue
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr holds its Jaxpr
+                if hasattr(sub, "eqns"):
+                    found += _outer_scans(sub)
+    return found
+
+
+def _accumulator_bytes(step, state, batch) -> int:
+    """Per-device bytes of the gradient accumulator, read from the step's own program: the
+    carry of its micro-batch scan (data.accumulated_value_and_grad), shapes as one device
+    sees them inside shard_map, the scalar loss left out."""
+    scans = _outer_scans(jax.make_jaxpr(step.jitted)(state, batch).jaxpr)
+    if len(scans) != 1:
+        raise RuntimeError(f"expected one micro-batch scan in the step, found {len(scans)}")
+    eqn = scans[0]
+    first = eqn.params["num_consts"]
+    carry = eqn.invars[first:first + eqn.params["num_carry"]]
+    return sum(v.aval.size * v.aval.dtype.itemsize for v in carry if v.aval.ndim)
+
+
+def _grads_formula(lab: Lab, plan: Plan) -> int:
+    """The closed form the accumulator should have: every gradient tensor in the compute
+    dtype, whole before stage 2, its padded 1/K slice from stage 2 on."""
+    itemsize = np.dtype(precision.policy(plan.precision).compute_dtype).itemsize
+    k = plan.dp if plan.zero_stage >= 2 else 1
+    return sum(-(-int(np.prod(s.shape[1:] if p[0].key == "blocks" else s.shape)) // k)
+               * (s.shape[0] if p[0].key == "blocks" else 1) * itemsize
+               for p, s in jax.tree_util.tree_leaves_with_path(lab.shapes))
+
+
 def _model_states(lab: Lab, plan: Plan) -> dict:
-    """Per-device model-state bytes of the compiled step: its arguments less the batch (XLA's
-    memory analysis), plus the gradient accumulator the program carries (XLA counts that
-    among the temporaries, so its size is read from the program's shapes instead)."""
-    compiled, _, _, step = lab.compiled(plan)
+    """Per-device model-state bytes of the compiled step, measured: its arguments less the
+    batch (XLA's memory analysis), plus the gradient accumulator the program carries (XLA
+    counts that among the temporaries, so its size is read from the program's scan)."""
+    compiled, _, state, step = lab.compiled(plan)
     batch = step.place_batch(lab.batches[0])
     mem = measure.memory(compiled)
     batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch)) // plan.dp
-    pol = precision.policy(plan.precision)
-    itemsize = np.dtype(pol.compute_dtype).itemsize
-    sliced = plan.zero_stage >= 2
-    grads = sum(-(-int(np.prod(s.shape)) // plan.dp) * itemsize if sliced
-                else int(np.prod(s.shape)) * itemsize for s in jax.tree.leaves(lab.shapes))
+    grads = _accumulator_bytes(step, state, batch)
     states = mem["arguments"] - batch_bytes
     return {"states_in_arguments": states, "grads": grads, "total": states + grads,
-            "temporaries": mem["temporaries"]}
+            "grads_formula": _grads_formula(lab, plan), "temporaries": mem["temporaries"]}
 
 
 def part_c(lab: Lab, out: Path) -> dict:
@@ -181,16 +216,23 @@ def part_c(lab: Lab, out: Path) -> dict:
             r = {**m, "formula": f, "rel_diff": (m["total"] - f) / f}
             res[f"{prec}_stage{stage}"] = r
             rows.append([prec, stage, f"{m['states_in_arguments']:,}", f"{m['grads']:,}",
-                         f"{m['total']:,}", f"{f:,.0f}", f"{f / lab.n:.1f}",
-                         f"{r['rel_diff']:+.4%}", f"{m['temporaries']:,}"])
-    print_table(f"c. model states per device, K = {K}, {lab.n:,} parameters", [
-        "policy", "ZeRO", "state args B", "grads B", "measured B", "formula B", "B/param",
-        "diff", "XLA temporaries B"], rows)
+                         f"{m['grads_formula']:,}", f"{m['total']:,}", f"{f:,.0f}",
+                         f"{f / lab.n:.1f}", f"{r['rel_diff']:+.4%}", f"{m['temporaries']:,}"])
+    print_table(f"c. model states per device, K = {K}, {lab.n:,} parameters: measured = state "
+                "arguments (XLA's memory analysis, less the batch) + the gradient accumulator "
+                "(read from the step's micro-batch scan)", [
+                    "policy", "ZeRO", "state args B", "grad acc. B", "grads formula B",
+                    "measured B", "formula B", "formula B/param", "diff", "XLA temporaries B"], rows)
     padded = [jax.tree_util.keystr(p) for p, s in jax.tree_util.tree_leaves_with_path(lab.shapes)
               if (np.prod(s.shape[1:]) if p[0].key == "blocks" else np.prod(s.shape)) % K]
     print("  the remainder: Adam's step count, the loss scale and the skip counters "
           "(4-byte scalars) ride in the arguments; tensors padded at K="
           f"{K}: {', '.join(padded) or 'none'}")
+    t1, t2 = (res[f"fp32_stage{s}"]["temporaries"] for s in (1, 2))
+    print(f"  XLA's temporaries, fp32: stage 1 {t1:,} B, stage 2 {t2:,} B" + (
+        ": equal, since with one micro-batch each device still computes its whole gradient "
+        "before the reduce-scatter (stage 2's smaller accumulator pays off with several "
+        "micro-batches)" if t1 == t2 else f", {t1 - t2:+,} B"))
     return res
 
 
@@ -270,8 +312,11 @@ def part_e(lab: Lab, out: Path) -> dict:
         ax.plot(ks, [cm.model_state_bytes(psi, k, stage)["total"] / GB for k in ks], "o-",
                 label="DP" if stage == 0 else f"ZeRO-{stage}")
     ax.axhline(80, color="k", ls="--", lw=0.8, label="80 GB device")
-    ax.set(xscale="log", yscale="log", xlabel="data-parallel devices K",
-           ylabel="model states per device (GB)", title="70B, mixed-precision Adam")
+    ax.set(xscale="log", yscale="log", xlabel="data-parallel devices K (log)",
+           ylabel="model states per device (GB = 1e9 B, log)",
+           title="70B parameters, mixed-precision Adam (2 + 2 + 12 B/param)")
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.minorticks_off()
     ax.legend(fontsize=7)
     save_figure(fig, out / "zero_70b.png")
     return {"total_gb": total / GB, "zero3_on_64_gb": on64 / GB, "fewest_80gb_devices": fewest}

@@ -17,7 +17,7 @@ def test_tensor_parallel_schedules_and_the_communication_table(tmp_path):
         assert res["b"][k]["max_abs_diff"] <= 1e-5
     assert res["a"]["wrong_split_max_abs_diff"] > 1e-2 * res["a"]["output_scale"]
     for s in res["d"]["schedules"].values():
-        assert s["idle_measured"] == s["idle_formula"]
+        assert s["idle_simulated"] == s["idle_formula"]
     assert res["d"]["schedules"]["gpipe"]["peak_in_flight"] == [4, 4, 4, 4]
     assert res["d"]["schedules"]["1f1b"]["peak_in_flight"] == [4, 3, 2, 1]
     assert res["d"]["exercise_3"] == {"4": 27, "8": 63}

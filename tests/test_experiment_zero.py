@@ -33,6 +33,13 @@ def test_compiled_model_states_within_two_percent_of_the_formulas(results):
     for name, row in c.items():
         assert abs(row["rel_diff"]) < 0.02, name
         assert row["total"] >= row["formula"]  # only the scalars ride on top
+        # the accumulator read from the program's scan has the closed form's size
+        assert row["grads"] == row["grads_formula"], name
+    for prec in ("bf16", "fp32"):
+        grads = [c[f"{prec}_stage{s}"]["grads"] for s in range(4)]
+        assert grads[0] == grads[1] and grads[2] == grads[3]  # whole, then sliced from stage 2
+        assert grads[0] // 4 <= grads[2] < grads[0] // 4 * 1.01  # 1/K, plus padding
+    assert c["fp32_stage0"]["grads"] == 2 * c["bf16_stage0"]["grads"]  # fp32 vs bf16 gradients
 
 
 def test_activation_table_and_measured_residuals(results):

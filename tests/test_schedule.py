@@ -8,7 +8,7 @@ import pytest
 import jaxscale.cli
 from jaxscale.parallel.schedule import (Action, ScheduleError, bubble_fraction, run,
                                         simulate, smallest_micro_batches, stage_orders,
-                                        text_chart, gantt_png)
+                                        text_chart, gantt_figure, gantt_png)
 
 COSTS = [(1, 2), (1, 1), (2, 1), (0.5, 1.5)]
 
@@ -175,10 +175,48 @@ def test_text_chart_shape():
             assert sum(c.strip() == "." for c in cells) * unit == tl.makespan - tl.busy[s]
 
 
+def _labels_inside_their_boxes(fig) -> int:
+    """Lay the figure out as save_figure does; assert every box label lies inside its box
+    (so no two overlap: boxes are disjoint); return how many labels there are."""
+    fig.tight_layout()
+    ax, renderer = fig.axes[0], fig.canvas.get_renderer()
+    labels = [t for t in ax.texts if (t.get_gid() or "").startswith("label:")]
+    for t in labels:
+        _, lane, start, end = t.get_gid().split(":")
+        (x0, y0), (x1, y1) = ax.transData.transform([(float(start), int(lane) - 0.4),
+                                                     (float(end), int(lane) + 0.4)])
+        box = t.get_window_extent(renderer)
+        assert min(x0, x1) <= box.x0 and box.x1 <= max(x0, x1), t.get_text()
+        assert min(y0, y1) <= box.y0 and box.y1 <= max(y0, y1), t.get_text()
+    return len(labels)
+
+
+@pytest.mark.parametrize("case", [("interleaved", 4, 8, 2), ("gpipe", 4, 4, 1),
+                                  ("1f1b", 8, 32, 1), ("interleaved", 8, 64, 4)])
+def test_gantt_labels_fit_inside_their_boxes(case):
+    tl = run(*case)
+    fig, counts = gantt_figure(tl)
+    n_boxes = 2 * tl.p * tl.m * tl.v
+    assert sum(counts.values()) == n_boxes
+    assert _labels_inside_their_boxes(fig) == counts["full"] + counts["short"]
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    if case[:3] in (("interleaved", 4, 8), ("gpipe", 4, 4)):  # small enough: every box named
+        assert counts == {"full": n_boxes, "short": 0, "none": 0}
+    if tl.v > 1:  # the chunks' shades are explained
+        assert {"forward, chunk a", "backward, chunk b"} <= set(legend)
+    if counts["short"]:
+        assert "numbers: micro-batch" in legend
+    if case == ("interleaved", 8, 64, 4):  # 4,096 boxes: too narrow, and the legend says so
+        assert counts["none"] > 0 and any("too narrow" in t for t in legend)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
 def test_gantt_png(tmp_path):
     path = tmp_path / "gantt.png"
-    gantt_png(run("interleaved", 4, 4, 2), path)
+    counts = gantt_png(run("interleaved", 4, 4, 2), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert counts == {"full": 64, "short": 0, "none": 0}
 
 
 # --- the command ---------------------------------------------------------------------------
@@ -197,12 +235,12 @@ def test_cli_prints_chart_measured_and_formula(schedule_cli):
     code, out, _ = schedule_cli("--stages", "4", "--micro-batches", "4", "--schedule", "1f1b")
     assert code == 0
     assert "device 3 |. . . F0B0B0F1B1B1F2B2B2F3B3B3. . . . . . |" in out
-    assert "measured 3/7 = 0.4286; formula (p-1)/(m+p-1) = 3/7" in out
+    assert "simulated 3/7 = 0.4286; formula (p-1)/(m+p-1) = 3/7" in out
     assert "per device: 4 3 2 1" in out
 
 
 def test_cli_json_has_every_figure(schedule_cli, tmp_path):
-    png = tmp_path / "figs" / "i.png"
+    png = tmp_path / "i.png"
     code, out, _ = schedule_cli("--stages", "4", "--micro-batches", "8", "--schedule", "interleaved",
                        "--virtual", "2", "--forward-cost", "1", "--backward-cost", "2",
                        "--png", str(png), "--json")
@@ -241,3 +279,19 @@ def test_cli_bad_input_is_one_line_and_exit_2(schedule_cli, capsys, argv, words)
     assert len(err.splitlines()) == 1 and err.startswith("jaxscale: error: "), err
     for w in words:
         assert w in err, err
+
+
+def test_cli_png_writes_only_where_told(schedule_cli, capsys, tmp_path):
+    """--png names a file in an existing folder: no folder is created, no path reported
+    that was not written."""
+    for bad, words in ((tmp_path / "missing" / "s.png", ["does not exist", "missing"]),
+                       (tmp_path, ["is a folder"])):
+        with pytest.raises(SystemExit) as e:
+            schedule_cli("--png", str(bad))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and "--png" in err, err
+        assert all(w in err for w in words), err
+    assert list(tmp_path.iterdir()) == []  # nothing created
+    code, out, _ = schedule_cli("--png", str(tmp_path / "s.png"))
+    assert code == 0 and f"Gantt chart in {tmp_path / 's.png'}" in out
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,4 +1,4 @@
-"""`jaxscale schedule`: simulate a pipeline schedule, draw it and measure its bubble.
+"""`jaxscale schedule`: simulate a pipeline schedule, draw it and count its bubble.
 
     jaxscale schedule --stages 4 --micro-batches 4 --schedule gpipe
     jaxscale schedule --stages 4 --micro-batches 8 --schedule interleaved --virtual 2 --json
@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
-from pathlib import Path
 
 from jaxscale.cli import _number
 from jaxscale.parallel import schedule as sched
+from jaxscale.paths import output_file
 
 
 def register(subparsers) -> None:
     """Add the `schedule` subcommand to jaxscale's parser."""
     p = subparsers.add_parser(
-        "schedule", help="simulate a pipeline schedule and measure its bubble", description=(
+        "schedule", help="simulate a pipeline schedule: its chart, bubble and activations", description=(
             "Simulate one training step of a pipeline (forwards and backwards of every "
             "micro-batch on every stage, each action waiting for its inputs), print it as a "
-            "chart, and report the measured idle fraction next to the textbook formula and "
+            "chart, and report the simulated idle fraction next to the textbook formula and "
             "the activations each device holds at its peak."))
     p.add_argument("--stages", type=_number(), default=4, metavar="P",
                    help="pipeline stages p, one per device (default 4)")
@@ -35,7 +35,8 @@ def register(subparsers) -> None:
                    metavar="T", help="time of one stage's forward (default 1)")
     p.add_argument("--backward-cost", type=_number(float, 0, exclusive=True), default=2.0,
                    metavar="T", help="time of one stage's backward (default 2)")
-    p.add_argument("--png", default=None, metavar="PATH", help="also write a Gantt chart PNG")
+    p.add_argument("--png", type=output_file, default=None, metavar="FILE",
+                   help="also write a Gantt chart PNG to FILE (its folder must exist)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object with every figure instead of the chart")
     p.set_defaults(run=_cmd_schedule)
@@ -54,26 +55,27 @@ def _cmd_schedule(args) -> int:
     orders = sched.stage_orders(name, p, m, v)
     tl = sched.simulate(orders, p, m, v, args.forward_cost, args.backward_cost)
     formula_text = "(p-1)/(v*m+p-1)" if v > 1 else "(p-1)/(m+p-1)"
-    formula, measured = sched.bubble_fraction(name, p, m, v), tl.idle_fraction
+    formula, simulated = sched.bubble_fraction(name, p, m, v), tl.idle_fraction
     chart = sched.text_chart(tl)
-    if args.png:
-        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
-        sched.gantt_png(tl, args.png, title=f"{name}, p={p}, m={m}, v={v}: idle "
-                                            f"{float(measured):.1%}, formula {float(formula):.1%}")
+    png = None if args.png is None else str(args.png)
+    if png:
+        sched.gantt_png(tl, png, title=f"{name}, p={p}, m={m}, v={v}: idle {float(simulated):.1%}"
+                                       f" (simulated), formula {formula_text} = "
+                                       f"{float(formula):.1%}")
     if args.json:
         print(json.dumps({
             "schedule": name, "stages": p, "micro_batches": m, "virtual": v,
             "forward_cost": args.forward_cost, "backward_cost": args.backward_cost,
             "makespan": float(tl.makespan), "busy": [float(b) for b in tl.busy],
-            "idle_fraction": float(measured), "idle_fraction_exact": str(measured),
+            "idle_fraction": float(simulated), "idle_fraction_exact": str(simulated),
             "formula": formula_text, "formula_idle_fraction": float(formula),
-            "formula_idle_fraction_exact": str(formula), "matches_formula": measured == formula,
+            "formula_idle_fraction_exact": str(formula), "matches_formula": simulated == formula,
             "peak_in_flight": tl.peak_in_flight,
             "orders": [[a.label(v) for a in order] for order in orders],
             "timeline": [[{"start": float(s), "end": float(e), "kind": a.kind,
                            "micro_batch": a.micro_batch, "chunk": a.chunk} for s, e, a in row]
                          for row in tl.rows],
-            "chart": chart, "png": args.png}))
+            "chart": chart, "png": png}))
         return 0
     what = "micro-batches" if v == 1 else f"chunk activations (each 1/{v} of a device's layers)"
     print(f"{name}: p={p} stages, m={m} micro-batches, v={v} chunk{'s' * (v > 1)} per device; "
@@ -81,11 +83,11 @@ def _cmd_schedule(args) -> int:
           + ("; F3b = micro-batch 3 on chunk b" if v > 1 else ""))
     print(chart)
     print(f"makespan {_show(tl.makespan)}, busy {_show(tl.busy[0])} per device")
-    print(f"idle fraction: measured {_show(measured)}; formula {formula_text} = {_show(formula)}"
-          f" ({'equal' if measured == formula else 'DIFFERENT'})")
+    print(f"idle fraction: simulated {_show(simulated)}; formula {formula_text} = "
+          f"{_show(formula)} ({'equal' if simulated == formula else 'DIFFERENT'})")
     print(f"peak in-flight {what} per device: {' '.join(map(str, tl.peak_in_flight))}"
           + (f" (GPipe holds all m={m} on every device)" if name == "1f1b" else ""))
-    if args.png:
-        print(f"Gantt chart in {args.png}")
+    if png:
+        print(f"Gantt chart in {png}")
     return 0
 

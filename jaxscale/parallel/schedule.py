@@ -273,28 +273,96 @@ def text_chart(timeline: Timeline) -> str:
     return "\n".join(lines)
 
 
-def gantt_png(timeline: Timeline, path, title: str | None = None) -> None:
-    """A Gantt chart PNG: one lane per device, forwards and backwards in two colours."""
-    from jaxscale.report import pyplot, save_figure
+def gantt_png(timeline: Timeline, path, title: str | None = None) -> dict:
+    """A Gantt chart PNG: one lane per device, forwards in blues and backwards in oranges
+    (one shade per model chunk); returns how many boxes got which label (see _label_boxes)."""
+    from jaxscale.report import save_figure
+
+    fig, counts = gantt_figure(timeline, title)
+    save_figure(fig, path)
+    return counts
+
+
+def gantt_figure(timeline: Timeline, title: str | None = None):
+    """(matplotlib figure, label counts) of gantt_png's chart, laid out, not yet saved."""
+    from jaxscale.report import pyplot
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(min(18, 4 + float(timeline.makespan) / 4), 1 + timeline.p / 2))
-    colours = {"F": plt.get_cmap("Blues"), "B": plt.get_cmap("Oranges")}
-    label_cells = sum(len(row) for row in timeline.rows) <= 400
-    for s, row in enumerate(timeline.rows):
-        for start, end, a in row:
-            shade = 0.45 + 0.4 * a.chunk / max(1, timeline.v - 1)
+    tl, unit = timeline, _time_unit(timeline)
+    width = min(20.0, max(6.0, 2.5 + 0.25 * float(tl.makespan / unit)))  # a column ~1/4 in
+    fig, ax = plt.subplots(figsize=(width, min(12.0, 1.2 + tl.p / 2)))
+    cmaps = {"F": plt.get_cmap("Blues"), "B": plt.get_cmap("Oranges")}
+
+    def colour(kind: str, chunk: int):
+        return cmaps[kind](0.45 + 0.4 * chunk / max(1, tl.v - 1))
+    shortest = min(end - start for row in tl.rows for start, end, _ in row)
+    edge = 0.5 if (width - 3) * 72 * float(shortest / tl.makespan) > 4 else 0  # points
+    for s, row in enumerate(tl.rows):
+        for start, end, a in row:  # a white edge between boxes, unless it would hide them
             ax.broken_barh([(float(start), float(end - start))], (s - 0.4, 0.8),
-                           facecolors=colours[a.kind](shade), edgecolor="white", linewidth=0.5)
-            if label_cells:
-                ax.text(float(start + end) / 2, s, a.label(timeline.v), ha="center",
-                        va="center", fontsize=7)
-    ax.set_yticks(range(timeline.p), [f"device {s}" for s in range(timeline.p)])
+                           facecolors=colour(a.kind, a.chunk), edgecolor="white", linewidth=edge)
+    cost = {a.kind: (end - start) * tl.v for row in tl.rows for start, end, a in row}
+    ax.set_yticks(range(tl.p), [f"device {s}" for s in range(tl.p)])
     ax.invert_yaxis()
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[k](0.6), label=word)
-                       for k, word in (("F", "forward"), ("B", "backward"))],
-              loc="upper left", bbox_to_anchor=(1, 1), fontsize=8)
-    ax.set(xlim=(0, float(timeline.makespan)), xlabel="time", title=title or (
-        f"p={timeline.p}, m={timeline.m}, v={timeline.v}: idle "
-        f"{float(timeline.idle_fraction):.1%}"))
-    save_figure(fig, path)
+    ax.set(xlim=(0, float(tl.makespan)), ylim=(tl.p - 0.5, -0.5), xlabel=(
+        f"time (one stage's forward = {float(cost['F']):g}, backward = {float(cost['B']):g})"),
+        title=title or f"p={tl.p}, m={tl.m}, v={tl.v}: idle {float(tl.idle_fraction):.1%}")
+    words = {"F": "forward", "B": "backward"}
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour(k, c), label=words[k] + (
+        f", chunk {chr(ord('a') + c)}" if tl.v > 1 else "")) for k in "FB" for c in range(tl.v)]
+    # the legend takes room from the axes: lay out with it first, then fit the labels; a
+    # note added to the legend changes the layout, so fit again until the notes settle
+    blank = plt.Rectangle((0, 0), 1, 1, fill=False, edgecolor="none")
+    notes, texts = [], []
+    for _ in range(3):
+        ax.legend(handles=handles + [blank] * len(notes), labels=[
+            h.get_label() for h in handles] + notes, loc="upper left",
+            bbox_to_anchor=(1.005, 1), fontsize=8)  # replaces the axes' previous legend
+        fig.tight_layout()
+        for t in texts:
+            t.remove()
+        texts, counts = _label_boxes(fig, ax, tl, colour)
+        now = (["numbers: micro-batch"] if counts["short"] else []) + (
+            [f"{counts['none']} of {sum(counts.values())} boxes\ntoo narrow to label"]
+            if counts["none"] else [])
+        if now == notes:
+            break
+        notes = now
+    return fig, counts
+
+
+def _label_boxes(fig, ax, tl: Timeline, colour) -> dict:
+    """Write in each box the largest label that fits inside it: F3a at 7 pt, else at 5.5 pt,
+    else the micro-batch number alone (colour says F or B, shade the chunk), else nothing.
+    Returns the texts drawn and {"full": n, "short": n, "none": n} boxes."""
+    renderer = fig.canvas.get_renderer()
+    to_px = ax.transData.transform
+    sizes: dict = {}
+
+    def extent(text: str, size: float):  # rendered (width, height) in pixels, memoised
+        if (text, size) not in sizes:
+            probe = ax.text(0, 0, text, fontsize=size)
+            box = probe.get_window_extent(renderer)
+            sizes[text, size] = (box.width, box.height)
+            probe.remove()
+        return sizes[text, size]
+    counts, texts = {"full": 0, "short": 0, "none": 0}, []
+    for s, row in enumerate(tl.rows):
+        for start, end, a in row:
+            (x0, y0), (x1, y1) = to_px((float(start), s - 0.4)), to_px((float(end), s + 0.4))
+            room_w, room_h = abs(x1 - x0) - 2, abs(y1 - y0) - 2  # a pixel of margin each side
+            fits = [(text, size, kind) for text, kind in ((a.label(tl.v), "full"),
+                                                          (str(a.micro_batch), "short"))
+                    for size in (7, 5.5) if extent(text, size)[0] <= room_w
+                    and extent(text, size)[1] <= room_h]
+            if not fits:
+                counts["none"] += 1
+                continue
+            text, size, kind = fits[0]
+            counts[kind] += 1
+            r, g, b, _ = colour(a.kind, a.chunk)
+            texts.append(ax.text(
+                float(start + end) / 2, s, text, ha="center", va="center", fontsize=size,
+                color="white" if 0.3 * r + 0.59 * g + 0.11 * b < 0.5 else "black",
+                gid=f"label:{s}:{float(start)}:{float(end)}"))
+    return texts, counts
