@@ -1,12 +1,22 @@
 """Every parallel strategy side by side: trained, measured, and next to its prediction.
 
-A strategy is a name for a Plan on n devices (`strategy_plan`). `run_strategy` trains it
-for a few steps on the same batches as every other strategy (same tokens per step) and
-measures: the loss curve, per-device memory (the state's shards; XLA's memory analysis
-of the compiled step), the collectives in its HLO (bytes each device sends per step,
-loops counted per iteration), compile time and median step time. `predict` gives the
+A strategy is a name for a Plan on n devices (`strategy_plan`), or any Plan written out
+(`Plan.parse`). `run_strategy` trains it for a few steps on the same batches as every other
+strategy (same tokens per step) and measures: the loss curve, per-device memory (the
+state's shards; XLA's memory analysis of the compiled step), the collectives in its HLO
+(bytes each device sends per step, loops counted per iteration), compile time (and whether
+the persistent cache supplied it) and step time (median and quartiles). `predict` gives the
 same figures from closed forms of what the strategy does (jaxscale.costmodel and the
 structure of our model), so that every measured number has a predicted one beside it.
+
+`judge` decides which strategies compute what the single device computes. Rounding alone
+makes any two reduction orders drift apart, by an amount that depends on the model and the
+number of steps; a fixed bound cannot tell that drift from a bug. So the noise floor is
+measured: the CONTROL run is the single device again with its batch summed in two halves
+(gradient accumulation: the same arithmetic in another order, nothing else changed). A
+strategy passes when its largest relative loss difference from the single device stays
+within NOISE_MULTIPLE times the control's (and never below NOISE_FLOOR); `--tolerance`
+replaces the bound.
 """
 from __future__ import annotations
 
@@ -18,8 +28,10 @@ from jaxscale.parallel.pipeline import tick_table
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
 STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "tp", "pp", "dp+tp", "dp+pp", "3d")
-TOLERANCE = 1e-5  # max |loss - single| / single over all steps: reduction order only
-MICRO_BATCHES = 4  # for the pipelined strategies
+CONTROL = "control"  # the single device, batch summed in two halves: rounding alone
+MICRO_BATCHES = 4  # for the pipelined strategies, and ZeRO-1/2 (stage 2's sharded accumulator)
+NOISE_MULTIPLE = 20.0
+NOISE_FLOOR = 1e-6
 
 
 class CompareError(ValueError):
@@ -42,8 +54,11 @@ def strategy_plan(name: str, n: int, cfg: modellib.ModelConfig) -> Plan:
     """The Plan a strategy name stands for on n devices (see STRATEGIES)."""
     tp_ok = lambda k: cfg.n_heads % k == 0 and cfg.d_ff % k == 0  # noqa: E731
     pp_ok = lambda k: cfg.n_layers % k == 0  # noqa: E731
+    if name == CONTROL:
+        return Plan(micro_batches=2)
     if name not in STRATEGIES:
-        raise CompareError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+        raise CompareError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}, "
+                           "or write a layout with --strategy (e.g. dp=2,tp=4,zero=1)")
     need = {"single": 1, "dp+tp": 2, "dp+pp": 2, "3d": 8}.get(name, 2)
     if n < need:
         raise CompareError(f"strategy {name!r} needs at least {need} devices, got {n}")
@@ -52,8 +67,10 @@ def strategy_plan(name: str, n: int, cfg: modellib.ModelConfig) -> Plan:
         return Plan()
     if name == "dp":
         return Plan(dp=n)
-    if name.startswith("zero"):
-        return Plan(dp=n, zero_stage=int(name[-1]))
+    if name in ("zero1", "zero2"):  # micro-batches: stage 2 keeps only its slice of them
+        return Plan(dp=n, zero_stage=int(name[-1]), micro_batches=m)
+    if name == "zero3":
+        return Plan(dp=n, zero_stage=3)
     if name == "tp":
         return Plan(tp=_need_split(_largest(n, tp_ok), "tp", n, cfg))
     if name == "pp":
@@ -84,14 +101,19 @@ def params_per_device(cfg: modellib.ModelConfig, plan: Plan) -> dict[str, float]
             "total": top + L / plan.pp * (split / plan.tp + replicated)}
 
 
+def predictable(plan: Plan) -> bool:
+    """Whether `predict` models the plan: fp32, no remat (full remat repeats tp's forward
+    all-reduces), ZeRO-3 only with one micro-batch (its gathers repeat per micro-batch)."""
+    return (plan.remat == "none" and plan.precision == "fp32"
+            and not (plan.zero_stage == 3 and plan.micro_batches > 1))
+
+
 def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int]) -> dict:
     """Predicted per-device model-state bytes and ring bytes sent per step (fp32, Adam).
 
-    Modelled: dp, tp, pp, schedule, virtual, micro_batches, zero_stage. Not modelled, and
-    refused: remat (full remat repeats tp's forward all-reduces), precision other than fp32,
-    ZeRO-3 with micro-batches (its gathers repeat per micro-batch)."""
-    if plan.remat != "none" or plan.precision != "fp32" or (plan.zero_stage == 3
-                                                            and plan.micro_batches > 1):
+    Modelled: dp, tp, pp, schedule, virtual, micro_batches, zero_stage; other plans are
+    refused (see `predictable`)."""
+    if not predictable(plan):
         raise CompareError(f"the prediction covers fp32 plans without remat (and ZeRO-3 "
                            f"with one micro-batch); got {plan}")
     psi = params_per_device(cfg, plan)
@@ -108,8 +130,8 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
     grads = 4 * psi["total"]
     if z == 0:
         add("all-reduce", ring(grads, k))
-    elif z in (1, 2):
-        add("reduce-scatter", (k - 1) / k * grads)
+    elif z in (1, 2):  # stage 2 reduce-scatters every micro-batch, stage 1 their sum
+        add("reduce-scatter", (plan.micro_batches if z == 2 else 1) * (k - 1) / k * grads)
         add("all-gather", (k - 1) / k * grads)
     else:
         from flax import nnx
@@ -132,32 +154,32 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
 
 
 def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices,
-                 time_steps: bool = True) -> dict:
+                 time_steps: bool = True, repeats: int = 15) -> dict:
     """Train `plan` on `batches` and measure it (see the module docstring); without
-    `time_steps` the median step time is left out (step_s is None)."""
+    `time_steps` the step time is left out (step_s is None)."""
     init, step = build_train_step(cfg, plan, optimizer, devices[:plan.n_devices])
     state = init(params)
     fn = getattr(step, "jitted", step)
     place = getattr(step, "place_batch", lambda b: b)
     placed = place(batches[0])
-    t0 = time.perf_counter()
     lowered = fn.lower(state, placed)
-    compiled = lowered.compile()
-    compile_s = time.perf_counter() - t0
+    compiled, compile_s, source = measure.compile_timed(lowered)
     table = (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
              if plan.pp > 1 else None)
     sent = measure.ring_bytes_by_op(lowered.as_text(dialect="hlo"),
                                     table.branch_share() if table else None)
     mem = measure.memory(compiled)
     losses = []
-    for b in batches:
+    for b in batches:  # float() waits for each step: dispatch never runs ahead
         state, metrics = compiled(state, place(b))
         losses.append(float(metrics["loss"]))
-    timing = (measure.step_seconds(lambda: compiled(state, placed), repeats=9)  # whole output
-              if time_steps else {"median_s": None})
+    timing = (measure.step_seconds(lambda: compiled(state, placed), repeats=repeats)
+              if time_steps else {})  # the whole output, not only the loss
     on0 = lambda tree: measure.bytes_on_device(tree, devices[0])  # noqa: E731
-    out = {"name": name, "plan": plan.as_dict(), "n_devices": plan.n_devices,
-           "losses": losses, "compile_s": compile_s, "step_s": timing["median_s"],
+    out = {"name": name, "status": "ok", "plan": plan.as_dict(), "n_devices": plan.n_devices,
+           "losses": losses, "compile_s": compile_s, "compile_source": source,
+           "step_s": timing.get("median_s"), "step_s_q1": timing.get("q1_s"),
+           "step_s_q3": timing.get("q3_s"), "step_repeats": timing.get("repeats"),
            "memory": {"params": on0(state.params), "master": on0(state.master),
                       "optimizer": on0(state.opt_state), **mem},
            "sent": sent}
@@ -169,12 +191,53 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
     return out
 
 
-def check_strategies(names: list[str], n: int, cfg) -> dict[str, Plan]:
-    """Plans for `names`, all validated before anything compiles (CompareError if not)."""
+def judge(rows: list[dict], tolerance: float | None = None) -> dict:
+    """Mark every measured row pass/fail against the single device (see the module
+    docstring); returns the noise figures the bound came from. Rows that failed to run
+    stay failed."""
+    ok = {r["name"]: r for r in rows if r.get("status") == "ok"}
+    ref, control = ok.get("single"), ok.get(CONTROL)
+    for r in ok.values():
+        if ref is not None:
+            r["rel_dloss"] = [abs(a - b) / abs(b) for a, b in zip(r["losses"], ref["losses"])]
+            r["max_rel_dloss"] = max(r["rel_dloss"])
+    drift = control["max_rel_dloss"] if control is not None and ref is not None else None
+    if tolerance is not None:
+        bound, why = tolerance, "given with --tolerance"
+    elif drift is not None:
+        bound = max(NOISE_MULTIPLE * drift, NOISE_FLOOR)
+        why = (f"{NOISE_MULTIPLE:g} x the control's drift {drift:.2g}"
+               if bound > NOISE_FLOOR else f"the floor {NOISE_FLOOR:g} (the control drifted "
+                                               f"{drift:.2g})")
+    else:
+        bound, why = None, "no single-device reference or control run: nothing to judge"
+    for r in rows:
+        r["pass"] = bool(r.get("status") == "ok" and bound is not None
+                         and r["max_rel_dloss"] <= bound)
+    return {"control": CONTROL, "drift": drift, "multiple": NOISE_MULTIPLE,
+            "floor": NOISE_FLOOR, "tolerance": bound, "why": why}
+
+
+def layout_plan(layout: str, n: int) -> Plan:
+    """The Plan of a written-out layout (`--strategy dp=2,tp=4,zero=1`) on n devices."""
+    try:
+        plan = Plan.parse(layout)
+    except PlanError as e:
+        raise CompareError(f"strategy {layout!r}: {e}") from None
+    if plan.n_devices > n:
+        raise CompareError(f"strategy {layout!r} needs {plan.n_devices} devices, got {n}; "
+                           f"pass --devices {plan.n_devices}")
+    return plan
+
+
+def check_strategies(names: list[str], n: int, cfg, layouts: tuple[str, ...] = ()
+                     ) -> dict[str, Plan]:
+    """Plans for strategy `names` and written-out `layouts` (named by their text), all
+    validated before anything compiles (CompareError if not)."""
     from jaxscale.parallel.hybrid import check_divisible
     plans = {}
-    for name in names:
-        plan = strategy_plan(name, n, cfg)
+    for name in [*names, *layouts]:
+        plan = layout_plan(name, n) if name in layouts else strategy_plan(name, n, cfg)
         try:
             plan.validate()
             if plan.tp > 1 or plan.pp > 1:

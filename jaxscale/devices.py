@@ -4,21 +4,26 @@ On a laptop, XLA can split the host CPU into N devices; on a GPU/TPU machine the
 mesh code runs over the real accelerators. Everything here validates its input before
 JAX compiles anything, so a typo costs a clear message, not a traceback.
 
-XLA's CPU runtime and collectives (a known hazard of forced CPU devices, jaxlib 0.10).
-JAX lowers every collective with the same channel id, and the CPU runtime's in-process
-rendezvous is keyed by (run, device group, kind, channel id). Its executor orders
-collectives only by when they START: a while loop or conditional that still has
-collectives running (multi-threaded kernels leave it pending) does not stop a later,
-independent collective of the same kind over the same devices from starting. The two then
-meet in one rendezvous and the process aborts ("Check failed: id < num_threads ...
-RendezvousKey{..., op_id=1}"). It is rare and timing-dependent: no flag turns it off
-(xla_cpu_use_thunk_runtime=false is no longer honoured). jaxscale keeps such collectives
-data-dependent where it can (ZeRO-3's units), and the test suite runs a test whose worker
-crashed once more (pyproject.toml); GPU and TPU runtimes do not share the hazard.
+XLA's CPU runtime and its thread pools (jaxlib 0.10; measured, see
+benchmarks/runtime_stability.py). The CPU client runs every forced device's program on two
+thread pools whose size is read once, when the client starts, from the `PJRT_NPROC`
+environment variable, else max(cores, devices): 8 threads for 8 devices on 2 cores. A
+collective holds its thread until every participant has arrived, and a while or
+conditional thunk lets the device start its next collective while the loop body still
+runs, so one device can hold two or three threads at once. When all threads of the pool
+wait inside collectives, the devices that have not yet arrived find no thread to run on:
+the rendezvous times out and XLA aborts the process ("Termination timeout for `all reduce
+RendezvousKey{...}` ... only 3 of them arrived"). A warm compilation cache makes it
+likelier (programs start closer together). No XLA flag orders collectives, and
+`lax.optimization_barrier` is gone from the optimized CPU program, so the programs cannot
+be written around it. The cure is enough threads: `cpu_runtime_threads(n)` per pool, set
+by `force_cpu_devices` before the backend starts (a `PJRT_NPROC` the user set wins). GPU
+and TPU runtimes do not share the hazard.
 """
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -29,6 +34,15 @@ from jax.sharding import AxisType, Mesh
 # Mesh axes in device order: dp outermost, tp innermost, so the chatty tensor-parallel
 # collectives run between neighbouring devices (on a GPU node: over NVLink).
 MESH_AXES = ("dp", "pp", "tp")
+
+
+# Threads per forced device in each of the CPU runtime's pools: a device holds up to three
+# at once (a collective inside a loop body, the next one, the loop itself); one spare.
+THREADS_PER_DEVICE = 4
+# Forced CPU devices time-share the host's cores and each costs THREADS_PER_DEVICE threads in
+# each of two pools; past this many a step is seconds of scheduling (a bare 1,000-device
+# all-reduce takes 0.6 s on 2 cores) and teaches nothing a smaller mesh does not.
+MAX_CPU_DEVICES = 512
 
 
 class DeviceError(ValueError):
@@ -45,6 +59,33 @@ def _backend_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
+def cpu_runtime_threads(n_devices: int) -> int:
+    """Threads for each of XLA CPU's two pools so that n forced devices never starve a
+    collective of a thread (see the module docstring): the cores for one device."""
+    cores = os.cpu_count() or 1
+    return cores if n_devices <= 1 else max(cores, THREADS_PER_DEVICE * n_devices)
+
+
+def _check_count(n) -> int:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise DeviceError(f"device count must be a positive integer, got {n!r}")
+    if n > MAX_CPU_DEVICES:
+        raise DeviceError(
+            f"{n} forced CPU devices is more than this host can run: at most "
+            f"{MAX_CPU_DEVICES} (each one time-shares the {os.cpu_count()} cores and needs "
+            f"{THREADS_PER_DEVICE} threads in each of XLA's two CPU thread pools); use fewer "
+            "devices, or real accelerators")
+    return int(n)
+
+
+def configure_cpu_runtime(n: int) -> None:
+    """Before the backend starts: n forced CPU devices and thread pools big enough for
+    their collectives (PJRT_NPROC, unless the user set it)."""
+    n = _check_count(n)
+    os.environ.setdefault("PJRT_NPROC", str(cpu_runtime_threads(n)))
+    jax.config.update("jax_num_cpu_devices", n)
+
+
 def force_cpu_devices(n: int) -> list[jax.Device]:
     """Split the host CPU into `n` XLA devices and return them.
 
@@ -52,9 +93,7 @@ def force_cpu_devices(n: int) -> list[jax.Device]:
     the device count is fixed: asking for a different one raises DeviceError instead of
     being silently ignored, which is what the XLA flag would do.
     """
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise DeviceError(f"device count must be a positive integer, got {n!r}")
-    n = int(n)
+    n = _check_count(n)
     if _backend_started():
         have = len(jax.devices("cpu"))
         if have != n:
@@ -64,7 +103,7 @@ def force_cpu_devices(n: int) -> list[jax.Device]:
                 "or start a fresh process"
             )
     else:
-        jax.config.update("jax_num_cpu_devices", n)
+        configure_cpu_runtime(n)
     devices = jax.devices("cpu")
     if len(devices) != n:  # e.g. a platform that ignores the setting
         raise DeviceError(f"asked for {n} CPU devices, JAX provides {len(devices)}")
@@ -131,7 +170,8 @@ def make_mesh(spec: str | MeshShape, devices: list[jax.Device] | None = None) ->
     devices = list(jax.devices() if devices is None else devices)
     if shape.size != len(devices):
         raise MeshSpecError(
-            f"mesh {shape} needs {shape.size} devices but {len(devices)} are available; "
+            f"mesh {shape} needs {shape.size} devices but "
+            f"{len(devices)} {'is' if len(devices) == 1 else 'are'} available; "
             f"make the sizes multiply to {len(devices)} (or pass --devices {shape.size})"
         )
     grid = np.asarray(devices, dtype=object).reshape([getattr(shape, a) for a in MESH_AXES])

@@ -6,20 +6,32 @@ import pytest
 from jaxscale import compare as C, model as M, optim
 from jaxscale.cli import main
 
+from jaxscale.parallel.plan import Plan
+
 from conftest import run_python, setup
 
 
 def test_compare_on_four_devices_end_to_end(tmp_path):
     """The command in a fresh process (it forces its own 4 devices): every strategy passes
-    its loss tolerance and every measured figure equals its prediction."""
+    the measured loss bound and every measured figure equals its prediction."""
     r = run_python("from jaxscale.cli import main; import sys; sys.exit(main(sys.argv[1:]))",
                    "compare", "--devices", "4", "--strategies", "dp,zero2,zero3,tp,pp,dp+pp",
-                   "--steps", "3", "--out", str(tmp_path), "--json")
+                   "--strategy", "dp=2,tp=2,zero=1", "--steps", "3", "--repeats", "3",
+                   "--out", str(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    assert [row["name"] for row in res["rows"]] == ["single", "dp", "zero2", "zero3", "tp", "pp",
-                                                     "dp+pp"]
-    assert res["all_pass"]
+    assert [row["name"] for row in res["rows"]] == ["single", "control", "dp", "zero2", "zero3",
+                                                     "tp", "pp", "dp+pp", "dp=2,tp=2,zero=1"]
+    assert res["all_pass"] and res["complete"]
+    noise = res["noise"]
+    control = next(row for row in res["rows"] if row["name"] == "control")
+    assert noise["drift"] == control["max_rel_dloss"]
+    assert noise["tolerance"] == max(C.NOISE_MULTIPLE * noise["drift"], C.NOISE_FLOOR)
+    for row in res["rows"]:
+        assert row["compile_source"] in ("compiled", "cache")
+        assert row["step_s_q1"] <= row["step_s"] <= row["step_s_q3"]
+    zero2 = next(row for row in res["rows"] if row["name"] == "zero2")
+    assert zero2["plan"]["micro_batches"] == C.MICRO_BATCHES  # stage 2's sharded accumulator
     for row in res["rows"]:
         assert row["states_measured"] == row["states_predicted"], row["name"]
         for op in set(row["sent"]) | set(row["predicted"]["sent"]):
@@ -53,6 +65,9 @@ def test_strategy_plans_on_eight_devices():
                    "zero2": (8, 1, 1, 2), "zero3": (8, 1, 1, 3), "tp": (1, 4, 1, 0),
                    "pp": (1, 1, 2, 0), "dp+tp": (2, 4, 1, 0), "dp+pp": (4, 1, 2, 0),
                    "3d": (2, 2, 2, 1)}
+    assert plans["zero1"].micro_batches == plans["zero2"].micro_batches == C.MICRO_BATCHES
+    control = C.strategy_plan(C.CONTROL, 8, cfg)
+    assert (control.n_devices, control.micro_batches) == (1, 2)  # the order of sums only
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -64,6 +79,11 @@ def test_strategy_plans_on_eight_devices():
     (["compare", "--batch-size", "12"], ["12 documents", "dp x micro_batches = 8 x 1"]),
     (["compare", "--platform", "tpu", "--strategies", "dp"], ["no tpu devices"]),
     (["compare", "--model", "7b"], ["too big to train here", "--abstract"]),
+    (["compare", "--strategy", "dp=2,foo=1"], ["unknown layout key 'foo'", "zero, micro"]),
+    (["compare", "--strategy", "dp=16"], ["'dp=16' needs 16 devices, got 8"]),
+    (["compare", "--strategy", "dp=2,tp=2,pp=2,zero=3"], ["ZeRO stage 3", "zero_stage=1"]),
+    (["compare", "--out", "pyproject.toml"], ["'pyproject.toml' is an existing file"]),
+    (["compare", "--tolerance", "0"], ["--tolerance", "got 0"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
     with pytest.raises(SystemExit) as e:
@@ -84,3 +104,99 @@ def test_abstract_compiles_a_big_model_without_running_it(tmp_path):
     rows = json.loads(r.stdout)["rows"]
     for row in rows:
         assert abs(row["rel_diff"]) < 1e-6, row  # only the optimizer's step count differs
+
+
+# --- the loss bound: measured noise, and genuine bugs that must fail ------------------------
+
+@pytest.fixture(scope="module")
+def reference(devices):
+    """The single device and the control on 3 batches, shared by the bug tests."""
+    cfg, params, _ = setup("tiny")
+    batches = _batches(3)
+    return [C.run_strategy(n, C.strategy_plan(n, 8, cfg), cfg, params, batches,
+                           optim.adamw(3e-3), devices, time_steps=False)
+            for n in ("single", C.CONTROL)]
+
+
+def _batches(n):
+    from jaxscale import garden
+    from jaxscale.train import as_arrays
+    it = garden.make_corpus(0).train_batches(32, seed=1)
+    return [as_arrays(next(it)) for _ in range(n)]
+
+
+def _row(name, devices, **plan):
+    cfg, params, _ = setup("tiny")
+    return C.run_strategy(name, Plan(**plan), cfg, params, _batches(3), optim.adamw(3e-3),
+                          devices, time_steps=False)
+
+
+def test_the_bound_comes_from_the_control_and_the_floor():
+    rows = [{"name": n, "status": "ok", "losses": ls} for n, ls in
+            [("single", [4.0, 3.0]), ("control", [4.0, 3.0 * (1 + 2e-7)]),
+             ("dp", [4.0 * (1 + 3e-6), 3.0]), ("tp", [4.0 * (1 + 5e-6), 3.0])]]
+    rows.append({"name": "3d", "status": "failed", "error": "died"})
+    noise = C.judge(rows)
+    assert noise["drift"] == pytest.approx(2e-7)
+    assert noise["tolerance"] == pytest.approx(C.NOISE_MULTIPLE * 2e-7)  # 4e-6
+    assert [r["pass"] for r in rows] == [True, True, True, False, False]
+    assert C.judge(rows, tolerance=1e-5)["tolerance"] == 1e-5 and rows[3]["pass"]
+    rows[1]["losses"] = [4.0, 3.0]  # a control that does not drift: the floor holds
+    assert C.judge(rows)["tolerance"] == C.NOISE_FLOOR and not rows[2]["pass"]
+    assert C.judge(rows[2:4])["tolerance"] is None  # no reference: nothing passes
+    assert not any(r["pass"] for r in rows[2:4])
+
+
+def test_mean_of_means_loss_fails_clearly(devices, reference, monkeypatch):
+    """A data-parallel loss that averages the shards' means (each shard's NLL divided by its
+    own token count) instead of dividing the global NLL sum by the global count."""
+    from jax import lax
+
+    from jaxscale.parallel import data
+
+    real = data.nll_and_count
+
+    def mean_of_means(graphdef, params, mb):
+        s, c = real(graphdef, params, mb)
+        total = lax.psum(c, "dp")  # the step divides by this: leaves (s / c) / dp per shard
+        return s * total / (c * lax.psum(1, "dp")), c
+    monkeypatch.setattr(data, "nll_and_count", mean_of_means)
+    rows = [*reference, _row("dp-mean-of-means", devices, dp=8)]
+    noise = C.judge(rows)
+    assert not rows[-1]["pass"]
+    assert rows[-1]["max_rel_dloss"] > 100 * noise["tolerance"], (rows[-1], noise)
+
+
+def test_tensor_parallel_averaging_its_partial_sums_fails_clearly(devices, reference,
+                                                                   monkeypatch):
+    """A row-parallel layer whose partial outputs are averaged (pmean) instead of summed."""
+    import jax
+
+    from jaxscale import model
+
+    real = model.tp_operators
+    monkeypatch.setattr(model, "tp_operators",
+                        lambda axis: (real(axis)[0], lambda y: jax.lax.pmean(y, axis)))
+    rows = [*reference, _row("tp-pmean", devices, tp=4)]
+    noise = C.judge(rows)
+    assert not rows[-1]["pass"]
+    assert rows[-1]["max_rel_dloss"] > 100 * noise["tolerance"]
+
+
+def test_the_real_strategies_pass_on_the_same_batches(devices, reference):
+    rows = [*reference, _row("dp", devices, dp=8), _row("tp", devices, tp=4)]
+    noise = C.judge(rows)
+    assert all(r["pass"] for r in rows), [(r["name"], r["max_rel_dloss"]) for r in rows]
+    assert noise["tolerance"] >= C.NOISE_FLOOR
+
+
+def test_compile_source_says_whether_the_cache_supplied_the_program():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxscale import measure
+    salt = float(np.random.default_rng().integers(1 << 30))  # a program no cache has seen
+    lower = lambda: jax.jit(lambda x: jnp.sin(x) * salt).lower(jnp.ones(3))  # noqa: E731
+    assert measure.compile_timed(lower())[2] == "compiled"
+    assert measure.compile_timed(lower())[2] == "cache"  # the suite's persistent cache

@@ -1,5 +1,6 @@
 """Forcing host-CPU devices and building meshes from spec strings."""
 import json
+import os
 
 import jax
 import pytest
@@ -82,3 +83,39 @@ print(json.dumps({"n": n, "after_flag": after_flag, "err": err}))
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["n"] == 4 and out["after_flag"] == 4
     assert "asked for 2 CPU devices" in out["err"] and "already started with 4" in out["err"]
+
+
+def test_cpu_runtime_threads_cover_every_device():
+    """Each of XLA CPU's two pools gets THREADS_PER_DEVICE threads per forced device, so a
+    device holding several collectives at once never leaves another without a thread."""
+    from jaxscale.devices import THREADS_PER_DEVICE, cpu_runtime_threads
+    cores = os.cpu_count()
+    assert cpu_runtime_threads(1) == cores
+    assert cpu_runtime_threads(8) == max(cores, THREADS_PER_DEVICE * 8)
+    assert THREADS_PER_DEVICE >= 3  # a loop's collective, the next one, the loop itself
+
+
+def test_forcing_devices_sizes_the_thread_pools_before_the_backend_starts():
+    """In a fresh process: PJRT_NPROC is set from the device count (the thread count grows
+    by two pools' worth), and a PJRT_NPROC the user set wins."""
+    code = """
+import json, os, jax, jax.numpy as jnp
+from jaxscale.devices import force_cpu_devices
+force_cpu_devices(8)
+jnp.ones(3).block_until_ready()
+print(json.dumps({"nproc": os.environ["PJRT_NPROC"], "threads": len(os.listdir("/proc/self/task"))}))
+"""
+    ours = json.loads(run_python(code).stdout)
+    theirs = json.loads(run_python(code, env={"PJRT_NPROC": "8"}).stdout)
+    assert ours["nproc"] == str(max(os.cpu_count(), 32)) and theirs["nproc"] == "8"
+    assert ours["threads"] - theirs["threads"] == 2 * (int(ours["nproc"]) - 8)  # two pools
+
+
+def test_too_many_devices_are_refused_before_jax_starts():
+    from jaxscale.devices import MAX_CPU_DEVICES
+    with pytest.raises(DeviceError, match=f"at most {MAX_CPU_DEVICES}"):
+        force_cpu_devices(MAX_CPU_DEVICES + 1)
+    r = run_python("from jaxscale.cli import main; import sys; sys.exit(main(sys.argv[1:]))",
+                   "train", "--devices", "1000", "--steps", "1", timeout=60)
+    assert r.returncode == 2 and "more than this host can run" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -79,7 +79,7 @@ class Plan:
                             f"zero_stage={self.zero_stage}; use e.g. --mesh dp=8")
         if n_devices is not None and self.n_devices != n_devices:
             raise PlanError(f"the plan's mesh {self.mesh_shape} needs {self.n_devices} devices "
-                            f"but {n_devices} are available")
+                            f"but {n_devices} {'is' if n_devices == 1 else 'are'} available")
         if global_batch is not None and global_batch % (self.dp * self.micro_batches):
             raise PlanError(
                 f"global batch of {global_batch} documents is not divisible by dp x micro_batches "
@@ -98,6 +98,43 @@ class Plan:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def parse(cls, layout: str) -> "Plan":
+        """A Plan written out as KEY=VALUE pairs, e.g. "dp=2,tp=4,zero=1,remat=full,
+        precision=bf16" (keys: see LAYOUT_KEYS; absent fields keep their defaults)."""
+        fields: dict = {}
+        for item in layout.split(","):
+            key, sep, value = (part.strip() for part in item.partition("="))
+            if not sep or not key or not value:
+                raise PlanError(f"cannot read {item.strip()!r} in layout {layout!r}; expected "
+                                f"KEY=VALUE with KEY in {', '.join(LAYOUT_KEYS)}")
+            if key not in LAYOUT_KEYS:
+                raise PlanError(f"unknown layout key {key!r} in {layout!r}; valid keys: "
+                                f"{', '.join(LAYOUT_KEYS)}")
+            field = LAYOUT_KEYS[key]
+            if field in fields:
+                raise PlanError(f"{key!r} given twice in layout {layout!r}")
+            if field in ("schedule", "remat", "precision"):
+                fields[field] = value
+            elif value.isdigit():
+                fields[field] = int(value)
+            else:
+                raise PlanError(f"{key} must be a non-negative integer, got {value!r} in "
+                                f"{layout!r}")
+        return cls(**fields).validate()
+
+    def layout(self) -> str:
+        """The inverse of `parse`: the fields that differ from the defaults."""
+        default, keys = Plan(), {v: k for k, v in LAYOUT_KEYS.items()}
+        return ",".join(f"{keys[f]}={getattr(self, f)}" for f in LAYOUT_KEYS.values()
+                        if getattr(self, f) != getattr(default, f)) or "dp=1"
+
+
+# The keys of a written-out layout (Plan.parse) and the Plan field each sets.
+LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "zero": "zero_stage",
+               "micro_batches": "micro_batches", "schedule": "schedule", "virtual": "virtual",
+               "remat": "remat", "precision": "precision"}
 
 
 def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,

@@ -138,25 +138,19 @@ def forward_gathered(slices, tokens, remat: str, fetch):
     copy is dropped after the forward pass and gathered again in the backward pass when the
     backward needs it.
 
-    `after(p, x)` places a unit's gathers after its input x in the program (an optimization
-    barrier; in backward, the unit's reduce-scatters before the gradient flows on). A unit's
-    gathers do not depend on the activations, so XLA may otherwise schedule the head's
-    gather ahead of the layers' loop, whose gathers it could then overlap on CPU (see
-    jaxscale.devices, "XLA's CPU runtime and collectives").
+    A unit's gathers do not depend on its activations, so XLA is free to schedule them
+    early (the head's gather ahead of the layers' loop). Nothing here orders them: an
+    optimization barrier would not (XLA's CPU pipeline removes it before scheduling), and
+    none is needed, since collectives in flight at once are safe when the CPU runtime has
+    threads enough for them (jaxscale.devices).
     """
-    def after(p, x):
-        return jax.lax.optimization_barrier((p, x))
-
     def embed_unit(p, tokens):
-        p, tokens = after(p, tokens)
         return modellib.embed(fetch(p, False), tokens)
 
     def layer(x, p):
-        p, x = after(p, x)
         return modellib.block(fetch(p, True), x), None
 
     def head_unit(p, x):
-        p, x = after(p, x)
         return modellib.head(fetch(p, False), x)
 
     saveable = jax.checkpoint_policies

@@ -1,0 +1,215 @@
+"""`jaxscale compare`'s strategies, run in a child process that a crash cannot take the table with.
+
+A user's comparison is precious: a strategy that brings its process down (an XLA abort, a
+segfault, the out-of-memory killer) must not lose the strategies already measured. So the
+command is two processes:
+
+  supervisor (`run_all`, in the command's process)  -- spawns the worker, reads one JSON
+      line per event from it, hands every finished row to `on_row` at once (the command
+      writes compare.json there), and when the worker dies marks the strategy it was
+      running as failed, with the exit signal and the runtime's last words, then starts a
+      new worker for the strategies left;
+  worker (`python -m jaxscale.commands.compare_runner`) -- forces the devices, builds the
+      shared parameters and batches, and runs the strategies in order (compare.run_strategy),
+      printing a row as each one finishes. A Python exception in one strategy becomes a
+      failed row; the worker goes on with the next.
+
+Cost: one extra process start (about 2-3 s: Python, JAX, the corpus) per worker; one worker
+unless a strategy crashes.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+LEARNING_RATE = 3e-3  # AdamW, the same for every strategy
+WORKER = (sys.executable, "-m", "jaxscale.commands.compare_runner")
+
+
+def mesh_label(plan: dict) -> str:
+    """A strategy's layout in a few words, e.g. 'dp=2 tp=4 ZeRO-1 1f1b m=4'."""
+    parts = [f"{a}={plan[a]}" for a in ("dp", "tp", "pp") if plan[a] > 1] or ["1 device"]
+    if plan["zero_stage"]:
+        parts.append(f"ZeRO-{plan['zero_stage']}")
+    if plan["pp"] > 1:
+        parts.append(f"{plan['schedule']}" + (f" v={plan['virtual']}" if plan["virtual"] > 1
+                                              else ""))
+    if plan["micro_batches"] > 1:
+        parts.append(f"m={plan['micro_batches']}")
+    parts += [plan[k] for k in ("remat", "precision") if plan[k] not in ("none", "fp32")]
+    return " ".join(parts)
+
+
+class WorkerError(RuntimeError):
+    """The worker could not start (no such devices, ...); its message is for the user."""
+
+
+def run_all(spec: dict, on_row, log=print, worker=None) -> list[dict]:
+    """Run spec["strategies"] ([{name, plan}]) in `worker` processes; rows in order.
+
+    `on_row(rows)` is called with all rows so far each time one finishes or fails."""
+    pending = list(spec["strategies"])
+    rows: list[dict] = []
+    t_start = time.perf_counter()
+    total = len(pending)
+    while pending:
+        done = _one_worker(worker or WORKER, {**spec, "strategies": pending}, rows, on_row, log,
+                           t_start, total)
+        pending = pending[done:]
+    return rows
+
+
+def _one_worker(worker, spec, rows, on_row, log, t_start, total) -> int:
+    """Run strategies until they are done or the worker dies; returns how many it settled."""
+    proc = subprocess.Popen(list(worker), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+    reader = threading.Thread(target=_forward, args=(proc.stderr, tail), daemon=True)
+    reader.start()
+    proc.stdin.write(json.dumps(spec) + "\n")
+    proc.stdin.close()
+    settled, running = 0, None
+    try:
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a stray print of a library
+            if event["event"] == "error":
+                raise WorkerError(event["message"])
+            if event["event"] == "start":
+                running = event["name"]
+                i = len(rows) + 1
+                elapsed = time.perf_counter() - t_start
+                eta = (f", about {elapsed / (i - 1) * (total - i + 1):.0f} s left" if i > 1
+                       else "")
+                log(f"[{i}/{total}] {running}: {event['mesh']} ... ({elapsed:.0f} s elapsed"
+                    f"{eta})")
+            elif event["event"] == "row":
+                rows.append(event["row"])
+                settled, running = settled + 1, None
+                on_row(rows)
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    reader.join(timeout=5)
+    if running is None and settled < len(spec["strategies"]):
+        raise WorkerError(f"the compare worker exited ({_exit_text(rc)}) before it started "
+                          f"a strategy: {_last_words(tail)}")
+    if running is not None:  # the worker died inside this strategy
+        plan = spec["strategies"][settled]["plan"]
+        rows.append({"name": running, "status": "failed", "plan": plan,
+                     "mesh": mesh_label(plan),
+                     "error": f"its process died ({_exit_text(rc)}): {_last_words(tail)}"})
+        log(f"  {running} FAILED: its process died ({_exit_text(rc)}); going on with the "
+            "rest in a new process")
+        settled += 1
+        on_row(rows)
+    return settled
+
+
+def _forward(stream, tail) -> None:
+    """Copy the worker's stderr to ours (progress, warnings) and keep its last lines."""
+    for line in stream:
+        tail.append(line.rstrip())
+        sys.stderr.write(line)
+
+
+def _exit_text(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit code {rc}"
+
+
+def _last_words(tail) -> str:
+    """The runtime's most telling line: an XLA check or rendezvous timeout, else the last."""
+    for key in ("Termination timeout", "Check failed", "Fatal Python error", "Error"):
+        for line in tail:
+            if key in line:
+                return line.strip()[-300:]
+    return next((ln.strip()[-300:] for ln in reversed(tail) if ln.strip()), "no output")
+
+
+# --- the worker ---------------------------------------------------------------------------
+
+def pick_devices(platform: str, n: int):
+    """Forced host CPU devices (cpu, or auto when no accelerator is present), else the
+    first n devices of the accelerator platform."""
+    import jax
+
+    from jaxscale.compare import CompareError
+    from jaxscale.commands.compare import PLATFORMS
+    from jaxscale.devices import configure_cpu_runtime, force_cpu_devices
+    if platform == "cpu":
+        return force_cpu_devices(n)
+    if platform == "auto":
+        configure_cpu_runtime(n)  # used only if the CPU is all there is
+        if jax.default_backend() == "cpu":
+            return force_cpu_devices(n)
+    try:
+        found = jax.devices(None if platform == "auto" else platform)
+    except RuntimeError as e:
+        raise CompareError(f"no {platform} devices here ({e}); choose from "
+                           f"{', '.join(PLATFORMS)}") from None
+    if len(found) < n:
+        raise CompareError(f"--devices {n}: only {len(found)} {found[0].platform} "
+                           f"device{'s are' if len(found) > 1 else ' is'} present")
+    return found[:n]
+
+
+def worker() -> int:
+    """The child process: the spec on stdin, one JSON event per line on stdout."""
+    spec = json.loads(sys.stdin.readline())
+
+    def emit(**event):
+        print(json.dumps(event), flush=True)
+
+    from jaxscale.compare import CompareError
+    try:
+        devices = pick_devices(spec["platform"], spec["devices"])
+    except (CompareError, ValueError) as e:
+        emit(event="error", message=str(e))
+        return 2
+    from jaxscale import garden, optim
+    from jaxscale import model as modellib
+    from jaxscale.cli import enable_compilation_cache
+    from jaxscale.compare import predict, predictable, run_strategy
+    from jaxscale.parallel.plan import Plan
+    from jaxscale.train import TrainConfig, as_arrays, init_state
+    enable_compilation_cache()
+    cfg = modellib.preset(spec["model"])
+    _, params, _ = init_state(TrainConfig(model=spec["model"]))
+    it = garden.make_corpus(0, seq_len=cfg.seq_len).train_batches(spec["batch_size"], seed=1)
+    batches = [as_arrays(next(it)) for _ in range(spec["steps"])]
+    for s in spec["strategies"]:
+        plan = Plan(**s["plan"])
+        emit(event="start", name=s["name"], mesh=mesh_label(s["plan"]))
+        try:
+            row = run_strategy(s["name"], plan, cfg, params, batches, optim.adamw(LEARNING_RATE),
+                               devices, repeats=spec["repeats"])
+            row["predicted"] = (predict(cfg, plan, batches[0]["tokens"].shape)
+                                if predictable(plan) else None)
+        except Exception as e:  # noqa: BLE001 - one strategy's error must not end the others
+            row = {"name": s["name"], "status": "failed", "plan": s["plan"],
+                   "error": f"{type(e).__name__}: {e}"[:2000]}
+        row["mesh"] = mesh_label(s["plan"])
+        emit(event="row", row=row)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(worker())
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports
+        os._exit(130)
