@@ -133,3 +133,14 @@ def test_charts_without_failures_or_traffic(result, tmp_path):
     assert all(len(c.patches) == 0 for c in ax.containers)
     assert len([t for t in ax.texts if t.get_text() == "0"]) == 4
     assert "failed" not in figs["losses"].axes[0].get_title()
+
+
+def test_a_plan_the_cost_model_does_not_cover_says_so(result, tmp_path):
+    """A written-out layout with remat or bf16 has no prediction: its measured bars stand
+    alone, labelled, instead of a crash or a 0 that would read as a prediction."""
+    row = result["rows"][2]
+    row.update(predicted=None, sent_predicted_total=None)
+    figs = charts(result, tmp_path)
+    mem = [t.get_text() for t in figs["memory"].axes[0].texts]
+    sent = [t.get_text() for t in figs["bytes"].axes[0].texts]
+    assert mem.count("not modelled") == 1 and sent.count("not\nmodelled") == 1

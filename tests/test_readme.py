@@ -3,7 +3,8 @@
 The calculators (closed forms, no JAX) are run in-process with --json, files going to
 tmp_path. `train` commands are sized for minutes, so they run up to the training loop:
 options parsed, the config validated, devices and mesh set up, then the loop is replaced.
-`compare` lines are checked by the compare tests.
+`compare` lines run up to their workers: every strategy validated and its plan built, then
+the run is replaced (the compare tests run the command itself, end to end and --abstract).
 """
 import re
 import shlex
@@ -39,6 +40,7 @@ def readme_commands() -> list[tuple[list[str], str]]:
 COMMANDS = readme_commands()
 CALCULATOR_LINES = [(a, c) for a, c in COMMANDS if a[0] in CALCULATORS]
 TRAIN_LINES = [a for a, _ in COMMANDS if a[0] == "train"]
+COMPARE_LINES = [a for a, _ in COMMANDS if a[0] == "compare"]
 
 
 def _ids(argv) -> str:
@@ -94,3 +96,21 @@ def test_train_line_gets_to_the_training_loop(tmp_path, monkeypatch, argv):
         main(_to_tmp(argv, tmp_path))
     (cfg,) = configs
     assert cfg.steps >= 1 and cfg.plan().n_devices >= 1
+
+
+@pytest.mark.parametrize("argv", COMPARE_LINES, ids=[_ids(a) for a in COMPARE_LINES])
+def test_compare_line_gets_to_its_workers(tmp_path, monkeypatch, argv):
+    from jaxscale.commands import compare as compare_command, compare_runner
+    specs = []
+
+    def stop(spec, *args, **kwargs):
+        specs.append(spec)
+        raise _Stop
+
+    monkeypatch.setattr(compare_runner, "run_all", stop)
+    monkeypatch.setattr(compare_command, "_run_abstract",
+                        lambda args, cfg, plans, out: stop({"strategies": list(plans)}))
+    with pytest.raises(_Stop):
+        main(_to_tmp(argv, tmp_path) + ["--out", str(tmp_path / "c")])
+    (spec,) = specs
+    assert spec["strategies"]

@@ -67,9 +67,9 @@ def memory_figure(rows: list[dict], note: str = ""):
     measured = {"params": [r["memory"]["params"] for r in rows],
                 "master + optimizer state": [r["memory"]["master"] + r["memory"]["optimizer"]
                                              for r in rows]}
-    predicted = {"params": [r["predicted"]["states"]["params"] for r in rows],
-                 "optimizer state (incl. master)": [r["predicted"]["states"]["optimizer"]
-                                                    for r in rows]}
+    states = [(r.get("predicted") or {}).get("states") for r in rows]  # None: not modelled
+    predicted = {"params": [p["params"] if p else 0 for p in states],
+                 "optimizer state (incl. master)": [p["optimizer"] if p else 0 for p in states]}
     totals_m = np.sum(list(measured.values()), axis=0) if rows else np.zeros(0)
     totals_p = np.sum(list(predicted.values()), axis=0) if rows else np.zeros(0)
     unit, scale = _unit(max([*totals_m, *totals_p, 1]))
@@ -82,7 +82,8 @@ def memory_figure(rows: list[dict], note: str = ""):
                    label=f"{key} ({side})")
             bottom += heights
     for i, (m, p) in enumerate(zip(totals_m, totals_p)):
-        ax.annotate(f"{m / p - 1:+.2%}" if p else "-", (x[i], max(m, p) / scale),
+        label = "not modelled" if states[i] is None else f"{m / p - 1:+.2%}" if p else "-"
+        ax.annotate(label, (x[i], max(m, p) / scale),
                     xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
     ax.set(xticks=x, ylabel=f"bytes per device ({unit} = {scale:,.0f} B)" if scale > 1
            else "bytes per device", title="model states per device (gradients in neither: "
@@ -105,9 +106,9 @@ def bytes_figure(rows: list[dict], note: str = ""):
     x = np.arange(len(rows))
     series = (("measured (HLO)", "sent_total", -0.2, "C0"),
               ("predicted", "sent_predicted_total", 0.2, "C1"))
-    positive = [r[key] for _, key, _, _ in series for r in rows if r[key] > 0]
+    positive = [r[key] for _, key, _, _ in series for r in rows if (r[key] or 0) > 0]
     for label, key, dx, colour in series:
-        keep = [i for i, r in enumerate(rows) if r[key] > 0]
+        keep = [i for i, r in enumerate(rows) if (r[key] or 0) > 0]
         ax.bar(x[keep] + dx, [rows[i][key] for i in keep], 0.38, color=colour, label=label)
         for i in keep:
             ax.annotate(_short(rows[i][key]), (x[i] + dx, rows[i][key]), xytext=(0, 2),
@@ -116,6 +117,9 @@ def bytes_figure(rows: list[dict], note: str = ""):
             if r[key] == 0:  # log scale: no bar can show 0, so say it
                 ax.text(x[i] + dx, 0.02, "0", transform=ax.get_xaxis_transform(),
                         ha="center", va="bottom", fontsize=9, color=colour, gid=f"zero:{key}:{i}")
+            elif r[key] is None:  # a plan the cost model does not cover
+                ax.text(x[i] + dx, 0.02, "not\nmodelled", transform=ax.get_xaxis_transform(),
+                        ha="center", va="bottom", fontsize=6, color=colour)
     ax.set_yscale("log")
     if positive:
         ax.set_ylim(min(positive) / 5, max(positive) * 3)
