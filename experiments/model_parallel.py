@@ -35,6 +35,7 @@ from experiments._runner import log, run_experiment  # noqa: E402
 from jaxscale import costmodel as cm, garden, measure, model as M, optim  # noqa: E402
 from jaxscale.devices import make_mesh  # noqa: E402
 from jaxscale.parallel import schedule as sched  # noqa: E402
+from jaxscale.parallel.gantt import gantt_png  # noqa: E402
 from jaxscale.parallel.hybrid import param_specs  # noqa: E402
 from jaxscale.parallel.pipeline import tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
@@ -161,7 +162,7 @@ def part_d(lab: Lab, out: Path) -> dict:
         print(f"d. {schedule}, p = 4, m = 4{f', v = {v}' if v > 1 else ''} "
               "(forward 1, backward 2):")
         print(sched.text_chart(tl))
-        sched.gantt_png(tl, out / f"schedule_{schedule}.png", title=(
+        gantt_png(tl, out / f"schedule_{schedule}.png", title=(
             f"{schedule}, p=4, m=4{f', v={v}' if v > 1 else ''}: idle "
             f"{float(tl.idle_fraction):.1%} (simulated)"))
         res[schedule] = {"idle_simulated": float(tl.idle_fraction),

@@ -253,13 +253,21 @@ def _residuals(lab: Lab, remat: str, batch) -> dict:
 
 def part_d(lab: Lab, out: Path) -> dict:
     L, h, a, b, s = 32, 4096, 32, 8, 2048
-    per = cm.activation_bytes_per_layer(s, b, h, a)
-    table = {"per_layer_gb": per / GB, "total_gb": cm.activation_bytes(L, s, b, h, a) / GB,
-             "flash_per_layer_gb": cm.activation_bytes_per_layer(s, b, h, a, True) / GB,
-             "recompute_gb": cm.activation_bytes(L, s, b, h, a, recompute=True) / GB,
-             "flash_recompute_gb": cm.activation_bytes(L, s, b, h, a, True, True) / GB}
-    print_table(f"d. activations, {L} layers, h={h}, {a} heads, {b}x{s} tokens, 16-bit (GB)",
-                ["quantity", "GB"], [[k, v] for k, v in table.items()])
+    lecture = [  # (results.json key, what the row is, bytes)
+        ("per_layer_gb", "one layer: s*b*h*(34 + 5*a*s/h)", cm.activation_bytes_per_layer(
+            s, b, h, a)),
+        ("total_gb", f"all {L} layers", cm.activation_bytes(L, s, b, h, a)),
+        ("flash_per_layer_gb", "one layer, flash attention (no a*s*s maps): 34*s*b*h",
+         cm.activation_bytes_per_layer(s, b, h, a, True)),
+        ("recompute_gb", f"all {L} layers, each recomputed: {L} inputs of 2*s*b*h + one layer",
+         cm.activation_bytes(L, s, b, h, a, recompute=True)),
+        ("flash_recompute_gb", f"all {L} layers, flash attention and recomputation",
+         cm.activation_bytes(L, s, b, h, a, True, True))]
+    table = {key: n / GB for key, _, n in lecture}
+    print_table(f"d. activations kept for backward (Korthikanti et al.), {L} layers, h = {h}, "
+                f"{a} heads, {b} x {s} tokens, 16-bit; GB = 1e9 bytes",
+                ["activations", "bytes", "GB"], [[what, f"{n:,.0f}", n / GB]
+                                                 for _, what, n in lecture])
     batch = as_arrays(next(garden.make_corpus(0).train_batches(128)))
     ours, rows = {}, []
     for remat in M.REMAT_POLICIES:

@@ -86,21 +86,43 @@ class Progress:
 
 
 def plot_loss_curve(result, path: Path) -> None:
-    """Training loss per step, validation loss, and the exact entropy floor (finite points)."""
+    """Training loss per step, validation loss, and the exact entropy floor (finite points).
+
+    The y-axis is linear from 0, so that the gap to the floor reads at its true size, unless
+    the losses span more than a decade (a run that blew up): then it is logarithmic, and says
+    so. The floor is named on its line: it is the loss no model can beat.
+    """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
+    floor = result.entropy_floor
     steps = [(i, x) for i, x in enumerate(result.loss_curve, 1) if math.isfinite(x)]
-    if steps:
-        ax.plot(*zip(*steps), lw=0.8, label="train loss")
     vals = [(s, v) for s, v in result.val_curve if math.isfinite(v)]
-    if vals:
-        ax.plot(*zip(*vals), "o-", ms=3, label="validation loss")
-    ax.axhline(result.entropy_floor, color="k", ls="--",
-               label=f"entropy floor {result.entropy_floor:.4f}")
-    ax.set(xlabel="step", ylabel="nats / token", yscale="log",
-           title=f"{result.config['model']} ({result.param_count:,} params), "
-                 f"{result.config['optimizer']} lr={result.config['lr']:g}")
-    ax.legend()
+    if steps:
+        batch = result.config.get("batch_size")
+        ax.plot(*zip(*steps), lw=0.8, color="tab:blue", label="training loss (each step's "
+                f"batch{f' of {batch} documents' if batch else ''})")
+    if vals:  # few points, drawn over the training curve so that none hides in it
+        ax.plot(*zip(*vals), "--D", color="tab:red", lw=0.8, ms=6, mec="white", zorder=3,
+                label="validation loss (held-out documents)")
+        last_step, last = vals[-1]
+        ax.annotate(f"{last:.3f}", (last_step, last), xytext=(0, 8), textcoords="offset points",
+                    ha="center", color="tab:red", fontsize=8)
+    ax.axhline(floor, color="k", ls="--", lw=1)
+    ax.text(0.01, floor, f"entropy floor {floor:.4f}: no model can go lower",
+            transform=ax.get_yaxis_transform(), va="bottom", fontsize=8)
+    shown = [x for _, x in steps + vals] + [floor]
+    log = min(shown) > 0 and max(shown) / min(shown) > 10
+    if log:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:g}"))
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set(xlabel="training step", ylabel="loss (nats per token" + (", log scale)" if log
+                                                                    else ")"),
+           title=f"{result.config['model']} ({result.param_count:,} parameters), "
+                 f"{result.config['optimizer']}, lr {result.config['lr']:g}")
+    if steps or vals:
+        ax.legend(loc="best", fontsize=8)
     save_figure(fig, path, dpi=120)
 
 

@@ -14,11 +14,11 @@ def results(tmp_path_factory):
                    "runpy.run_module('experiments.zero', run_name='__main__')",
                    "--parts", "acde", "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout), out
+    return json.loads(r.stdout), out, r.stderr  # with --json the tables go to stderr
 
 
 def test_zero_paper_table_and_exercise_2(results):
-    res, out = results
+    res, out, _ = results
     a = res["a"]
     assert [round(a[str(s)]["mixed_gb"], 1) for s in range(4)] == [120.0, 31.4, 16.6, 1.9]
     assert a["3"]["mixed_gb"] == 16 * 7.5e9 / 64 / 1e9  # 1.875, the paper's 1.88
@@ -47,6 +47,10 @@ def test_activation_table_and_measured_residuals(results):
     t = d["lecture_table"]
     assert round(t["per_layer_gb"], 1) == 7.7 and round(t["total_gb"]) == 245
     assert 11 < t["recompute_gb"] < 13
+    tables = results[2]  # the table names its rows and its unit, not results.json's keys
+    assert "16-bit; GB = 1e9 bytes" in tables and "all 32 layers, each recomputed" in tables
+    assert "7,650,410,496" in tables  # one layer's bytes, 2048*8*4096*(34 + 80), beside the GB
+    assert not any(key in tables for key in t)
     ours = d["ours"]
     # full remat keeps one block input per layer, nothing else: exactly 1 s*b*h tensor
     assert ours["full"]["sbh_tensors_per_layer"] == 1.0

@@ -6,9 +6,12 @@ from fractions import Fraction
 import pytest
 
 import jaxscale.cli
+from jaxscale.commands.schedule import (MAX_FORWARDS, MAX_MICRO_BATCHES, MAX_STAGES,
+                                        MAX_VIRTUAL)
+from jaxscale.parallel.gantt import gantt_figure, gantt_png
 from jaxscale.parallel.schedule import (Action, ScheduleError, bubble_fraction, run,
                                         simulate, smallest_micro_batches, stage_orders,
-                                        text_chart, gantt_figure, gantt_png)
+                                        text_chart)
 
 COSTS = [(1, 2), (1, 1), (2, 1), (0.5, 1.5)]
 
@@ -175,6 +178,15 @@ def test_text_chart_shape():
             assert sum(c.strip() == "." for c in cells) * unit == tl.makespan - tl.busy[s]
 
 
+def test_text_chart_refuses_to_be_too_wide():
+    """Forward 1, backward 2,000: 3 forwards and 3 backwards on the critical path, 6,003
+    columns at one per time unit: refused, saying why."""
+    with pytest.raises(ScheduleError) as e:
+        text_chart(run("gpipe", 2, 2, 1, 1, 2000))
+    assert "6,003 columns wide, more than 5,000" in str(e.value)
+    assert "fewer micro-batches" in str(e.value) and "coarser grid" in str(e.value)
+
+
 def _labels_inside_their_boxes(fig) -> int:
     """Lay the figure out as save_figure does; assert every box label lies inside its box
     (so no two overlap: boxes are disjoint); return how many labels there are."""
@@ -212,6 +224,34 @@ def test_gantt_labels_fit_inside_their_boxes(case):
     plt.close(fig)
 
 
+def test_gantt_label_counts_match_measuring_every_label():
+    """Measured again here, box by box and without gantt's shortcut for tiny boxes: the
+    first of F3a at 7 pt, at 5.5 pt, 3 at 7 pt, at 5.5 pt that fits, else none."""
+    tl = run("interleaved", 4, 16, 3)  # boxes of every kind: full, short and none
+    fig, counts = gantt_figure(tl)
+    fig.tight_layout()
+    ax, renderer = fig.axes[0], fig.canvas.get_renderer()
+    want = {"full": 0, "short": 0, "none": 0}
+    for s, row in enumerate(tl.rows):
+        for start, end, a in row:
+            (x0, y0), (x1, y1) = ax.transData.transform([(float(start), s - 0.4),
+                                                         (float(end), s + 0.4)])
+            kind = "none"
+            for text, name, size in [(a.label(3), "full", 7), (a.label(3), "full", 5.5),
+                                     (str(a.micro_batch), "short", 7),
+                                     (str(a.micro_batch), "short", 5.5)]:
+                probe = ax.text(0, 0, text, fontsize=size)
+                box = probe.get_window_extent(renderer)
+                probe.remove()
+                if box.width <= abs(x1 - x0) - 2 and box.height <= abs(y1 - y0) - 2:
+                    kind = name
+                    break
+            want[kind] += 1
+    assert counts == want and min(want.values()) > 0
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
 def test_gantt_png(tmp_path):
     path = tmp_path / "gantt.png"
     counts = gantt_png(run("interleaved", 4, 4, 2), path)
@@ -241,9 +281,9 @@ def test_cli_prints_chart_measured_and_formula(schedule_cli):
 
 def test_cli_json_has_every_figure(schedule_cli, tmp_path):
     png = tmp_path / "i.png"
-    code, out, _ = schedule_cli("--stages", "4", "--micro-batches", "8", "--schedule", "interleaved",
-                       "--virtual", "2", "--forward-cost", "1", "--backward-cost", "2",
-                       "--png", str(png), "--json")
+    code, out, _ = schedule_cli("--stages", "4", "--micro-batches", "8", "--schedule",
+                                "interleaved", "--virtual", "2", "--forward-cost", "1",
+                                "--backward-cost", "2", "--png", str(png), "--json")
     r = json.loads(out)
     assert code == 0 and png.exists() and r["png"] == str(png)
     assert r["idle_fraction_exact"] == r["formula_idle_fraction_exact"] == "3/19"
@@ -270,6 +310,13 @@ def test_cli_json_has_every_figure(schedule_cli, tmp_path):
     (["--forward-cost", "0"], ["--forward-cost", "0"]),
     (["--backward-cost", "-2"], ["--backward-cost", "-2"]),
     (["--stages", "two"], ["--stages", "'two'"]),
+    (["--stages", "1e6", "--micro-batches", "1e6"], ["--stages", "1e6", f"at most {MAX_STAGES}"]),
+    (["--micro-batches", str(MAX_MICRO_BATCHES + 1)],
+     ["--micro-batches", str(MAX_MICRO_BATCHES + 1), f"at most {MAX_MICRO_BATCHES}"]),
+    (["--schedule", "interleaved", "--virtual", "1e9"],
+     ["--virtual", "1e9", f"at most {MAX_VIRTUAL}"]),
+    (["--stages", "64", "--micro-batches", "256"],
+     ["--stages 64 x --micro-batches 256 x --virtual 1 = 16,384", f"more than {MAX_FORWARDS:,}"]),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(schedule_cli, capsys, argv, words):
     with pytest.raises(SystemExit) as e:
@@ -279,6 +326,31 @@ def test_cli_bad_input_is_one_line_and_exit_2(schedule_cli, capsys, argv, words)
     assert len(err.splitlines()) == 1 and err.startswith("jaxscale: error: "), err
     for w in words:
         assert w in err, err
+
+
+def test_cli_runs_at_its_limits(schedule_cli):
+    """The largest runs the limits allow finish (the simulator is plain Python)."""
+    assert MAX_STAGES * (MAX_FORWARDS // MAX_STAGES) == MAX_FORWARDS
+    for argv in (["--stages", MAX_STAGES, "--micro-batches", MAX_FORWARDS // MAX_STAGES],
+                 ["--stages", MAX_FORWARDS // MAX_MICRO_BATCHES,
+                  "--micro-batches", MAX_MICRO_BATCHES, "--schedule", "gpipe"],
+                 ["--stages", 8, "--micro-batches", 64, "--schedule", "interleaved",
+                  "--virtual", MAX_VIRTUAL]):
+        code, out, _ = schedule_cli(*map(str, argv), "--json")
+        r = json.loads(out)
+        assert code == 0 and r["matches_formula"] is True
+        assert r["stages"] * r["micro_batches"] * r["virtual"] == MAX_FORWARDS
+
+
+def test_cli_counts_are_plural_only_when_many(schedule_cli):
+    _, out, _ = schedule_cli("--stages", "1", "--micro-batches", "1")
+    assert "p = 1 stage, m = 1 micro-batch, v = 1 chunk per device" in out
+    assert "(GPipe would hold 1 micro-batch on every device)" in out
+    _, out, _ = schedule_cli("--stages", "2", "--micro-batches", "2", "--schedule", "interleaved")
+    assert "p = 2 stages, m = 2 micro-batches, v = 2 chunks per device" in out
+    assert "F1b = micro-batch 1 on chunk b" in out  # an action this run has
+    _, out, _ = schedule_cli()
+    assert "(GPipe would hold all 4 micro-batches on every device)" in out
 
 
 def test_cli_png_writes_only_where_told(schedule_cli, capsys, tmp_path):

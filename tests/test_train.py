@@ -141,3 +141,46 @@ def test_progress_bar_shows_elapsed_and_time_left():
     bar.close()
     shown = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.getvalue())  # no colours
     assert "2/10 loss 3.0 0:32 elapsed, ~0:16 left" in shown, shown
+
+
+def _loss_figure(monkeypatch, loss_curve, val_curve, floor=0.861):
+    """plot_loss_curve's figure, caught before it is saved."""
+    from types import SimpleNamespace
+
+    from jaxscale import report
+    caught = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=110: caught.append(fig))
+    result = SimpleNamespace(loss_curve=loss_curve, val_curve=val_curve, entropy_floor=floor,
+                             param_count=30_752, config={"model": "tiny", "optimizer": "adamw",
+                                                         "lr": 0.01, "batch_size": 32})
+    report.plot_loss_curve(result, "unused.png")
+    return caught[0].axes[0]
+
+
+def test_loss_curve_axes_floor_and_validation_points(monkeypatch):
+    """Units on both axes, the floor named on its line, validation points unlike the
+    training line, and a linear axis from 0 while the losses span less than a decade."""
+    ax = _loss_figure(monkeypatch, [4.6 - 0.05 * i for i in range(60)] + [float("nan")],
+                      [(30, 3.0), (60, 1.36)])
+    assert ax.get_xlabel() == "training step"
+    assert ax.get_ylabel() == "loss (nats per token)" and ax.get_yscale() == "linear"
+    assert ax.get_ylim()[0] == 0
+    texts = [t.get_text() for t in ax.texts]
+    assert "entropy floor 0.8610: no model can go lower" in texts
+    assert "1.360" in texts  # the last validation loss, written beside its point
+    train_line, val_line = ax.get_lines()[:2]
+    assert list(val_line.get_xdata()) == [30, 60] and val_line.get_marker() == "D"
+    assert train_line.get_marker() in ("None", "", None)
+    assert train_line.get_color() != val_line.get_color()
+    assert len(train_line.get_xdata()) == 60  # the NaN step is left out
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["training loss (each step's batch of 32 documents)",
+                      "validation loss (held-out documents)"]
+
+
+def test_loss_curve_turns_logarithmic_when_losses_span_decades(monkeypatch):
+    """A run that blew up (losses 2 to 60): a log axis that says so, ticks as plain numbers."""
+    ax = _loss_figure(monkeypatch, [4.6, 2.0, 60.0, 55.0], [(4, 50.0)])
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "loss (nats per token, log scale)"
+    fmt = ax.yaxis.get_major_formatter()
+    assert (fmt(1, 0), fmt(10, 1)) == ("1", "10")  # plain numbers, not 10^1

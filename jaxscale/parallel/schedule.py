@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from itertools import accumulate
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -140,12 +141,12 @@ class Timeline:
     v: int
     rows: list[list[tuple[Fraction, Fraction, Action]]]
 
-    @property
+    @cached_property  # the charts read it often; exact arithmetic on every action is slow
     def makespan(self) -> Fraction:
         """Time from the first forward to the last backward."""
         return max(end for row in self.rows for _, end, _ in row)
 
-    @property
+    @cached_property
     def busy(self) -> list[Fraction]:
         """Per device, the time spent computing."""
         return [sum((end - start for start, end, _ in row), Fraction(0)) for row in self.rows]
@@ -244,8 +245,8 @@ def smallest_micro_batches(schedule: str, p: int, max_idle=0.10, v: int = 1,
     return hi * step
 
 
-def _time_unit(timeline: Timeline) -> Fraction:
-    """The largest time step that every start and end is a whole multiple of."""
+def time_unit(timeline: Timeline) -> Fraction:
+    """The largest time step every start and end is a whole multiple of: a chart column."""
     times = {t for row in timeline.rows for start, end, _ in row for t in (start, end)}
     den = math.lcm(*(t.denominator for t in times))
     return Fraction(math.gcd(*(int(t * den) for t in times)), den)
@@ -257,11 +258,12 @@ def text_chart(timeline: Timeline) -> str:
     With v > 1 chunks the label ends in the chunk's letter (a = first chunk). A cell is
     as wide as the longest label, so the columns of all rows line up.
     """
-    unit = _time_unit(timeline)
+    unit = time_unit(timeline)
     columns = timeline.makespan / unit
     if columns > MAX_CHART_COLUMNS:
-        raise ScheduleError(f"the chart would be {columns} columns wide; choose costs on a "
-                            "coarser grid (e.g. whole numbers)")
+        raise ScheduleError(f"the chart would be {int(columns):,} columns wide, more than "
+                            f"{MAX_CHART_COLUMNS:,}: use fewer micro-batches or chunks, or "
+                            "costs on a coarser grid (e.g. whole numbers)")
     width = len(Action("F", timeline.m - 1, timeline.v - 1, 0).label(timeline.v))
     lines = []
     for s, row in enumerate(timeline.rows):
@@ -271,98 +273,3 @@ def text_chart(timeline: Timeline) -> str:
                 cells[col] = a.label(timeline.v).ljust(width)
         lines.append(f"device {s:<{len(str(timeline.p - 1))}} |{''.join(cells)}|")
     return "\n".join(lines)
-
-
-def gantt_png(timeline: Timeline, path, title: str | None = None) -> dict:
-    """A Gantt chart PNG: one lane per device, forwards in blues and backwards in oranges
-    (one shade per model chunk); returns how many boxes got which label (see _label_boxes)."""
-    from jaxscale.report import save_figure
-
-    fig, counts = gantt_figure(timeline, title)
-    save_figure(fig, path)
-    return counts
-
-
-def gantt_figure(timeline: Timeline, title: str | None = None):
-    """(matplotlib figure, label counts) of gantt_png's chart, laid out, not yet saved."""
-    from jaxscale.report import pyplot
-
-    plt = pyplot()
-    tl, unit = timeline, _time_unit(timeline)
-    width = min(20.0, max(6.0, 2.5 + 0.25 * float(tl.makespan / unit)))  # a column ~1/4 in
-    fig, ax = plt.subplots(figsize=(width, min(12.0, 1.2 + tl.p / 2)))
-    cmaps = {"F": plt.get_cmap("Blues"), "B": plt.get_cmap("Oranges")}
-
-    def colour(kind: str, chunk: int):
-        return cmaps[kind](0.45 + 0.4 * chunk / max(1, tl.v - 1))
-    shortest = min(end - start for row in tl.rows for start, end, _ in row)
-    edge = 0.5 if (width - 3) * 72 * float(shortest / tl.makespan) > 4 else 0  # points
-    for s, row in enumerate(tl.rows):
-        for start, end, a in row:  # a white edge between boxes, unless it would hide them
-            ax.broken_barh([(float(start), float(end - start))], (s - 0.4, 0.8),
-                           facecolors=colour(a.kind, a.chunk), edgecolor="white", linewidth=edge)
-    cost = {a.kind: (end - start) * tl.v for row in tl.rows for start, end, a in row}
-    ax.set_yticks(range(tl.p), [f"device {s}" for s in range(tl.p)])
-    ax.invert_yaxis()
-    ax.set(xlim=(0, float(tl.makespan)), ylim=(tl.p - 0.5, -0.5), xlabel=(
-        f"time (one stage's forward = {float(cost['F']):g}, backward = {float(cost['B']):g})"),
-        title=title or f"p={tl.p}, m={tl.m}, v={tl.v}: idle {float(tl.idle_fraction):.1%}")
-    words = {"F": "forward", "B": "backward"}
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colour(k, c), label=words[k] + (
-        f", chunk {chr(ord('a') + c)}" if tl.v > 1 else "")) for k in "FB" for c in range(tl.v)]
-    # the legend takes room from the axes: lay out with it first, then fit the labels; a
-    # note added to the legend changes the layout, so fit again until the notes settle
-    blank = plt.Rectangle((0, 0), 1, 1, fill=False, edgecolor="none")
-    notes, texts = [], []
-    for _ in range(3):
-        ax.legend(handles=handles + [blank] * len(notes), labels=[
-            h.get_label() for h in handles] + notes, loc="upper left",
-            bbox_to_anchor=(1.005, 1), fontsize=8)  # replaces the axes' previous legend
-        fig.tight_layout()
-        for t in texts:
-            t.remove()
-        texts, counts = _label_boxes(fig, ax, tl, colour)
-        now = (["numbers: micro-batch"] if counts["short"] else []) + (
-            [f"{counts['none']} of {sum(counts.values())} boxes\ntoo narrow to label"]
-            if counts["none"] else [])
-        if now == notes:
-            break
-        notes = now
-    return fig, counts
-
-
-def _label_boxes(fig, ax, tl: Timeline, colour) -> dict:
-    """Write in each box the largest label that fits inside it: F3a at 7 pt, else at 5.5 pt,
-    else the micro-batch number alone (colour says F or B, shade the chunk), else nothing.
-    Returns the texts drawn and {"full": n, "short": n, "none": n} boxes."""
-    renderer = fig.canvas.get_renderer()
-    to_px = ax.transData.transform
-    sizes: dict = {}
-
-    def extent(text: str, size: float):  # rendered (width, height) in pixels, memoised
-        if (text, size) not in sizes:
-            probe = ax.text(0, 0, text, fontsize=size)
-            box = probe.get_window_extent(renderer)
-            sizes[text, size] = (box.width, box.height)
-            probe.remove()
-        return sizes[text, size]
-    counts, texts = {"full": 0, "short": 0, "none": 0}, []
-    for s, row in enumerate(tl.rows):
-        for start, end, a in row:
-            (x0, y0), (x1, y1) = to_px((float(start), s - 0.4)), to_px((float(end), s + 0.4))
-            room_w, room_h = abs(x1 - x0) - 2, abs(y1 - y0) - 2  # a pixel of margin each side
-            fits = [(text, size, kind) for text, kind in ((a.label(tl.v), "full"),
-                                                          (str(a.micro_batch), "short"))
-                    for size in (7, 5.5) if extent(text, size)[0] <= room_w
-                    and extent(text, size)[1] <= room_h]
-            if not fits:
-                counts["none"] += 1
-                continue
-            text, size, kind = fits[0]
-            counts[kind] += 1
-            r, g, b, _ = colour(a.kind, a.chunk)
-            texts.append(ax.text(
-                float(start + end) / 2, s, text, ha="center", va="center", fontsize=size,
-                color="white" if 0.3 * r + 0.59 * g + 0.11 * b < 0.5 else "black",
-                gid=f"label:{s}:{float(start)}:{float(end)}"))
-    return texts, counts
