@@ -17,8 +17,12 @@ RendezvousKey{...}` ... only 3 of them arrived"). A warm compilation cache makes
 likelier (programs start closer together). No XLA flag orders collectives, and
 `lax.optimization_barrier` is gone from the optimized CPU program, so the programs cannot
 be written around it. The cure is enough threads: `cpu_runtime_threads(n)` per pool, set
-by `force_cpu_devices` before the backend starts (a `PJRT_NPROC` the user set wins). GPU
-and TPU runtimes do not share the hazard.
+by `force_cpu_devices` before the backend starts (a `PJRT_NPROC` the user set wins).
+A second hazard, which more threads make likelier: JAX lowers every collective with
+channel id 1, so two collectives of one kind over the same devices that are in flight at
+once on a device share one rendezvous key and the process aborts ("Check failed: id <
+num_threads"). Programs must order such collectives by data dependencies (ZeRO-3 does:
+`parallel.zero.forward_gathered`). GPU and TPU runtimes do not share either hazard.
 """
 from __future__ import annotations
 

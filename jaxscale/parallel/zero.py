@@ -138,20 +138,27 @@ def forward_gathered(slices, tokens, remat: str, fetch):
     copy is dropped after the forward pass and gathered again in the backward pass when the
     backward needs it.
 
-    A unit's gathers do not depend on its activations, so XLA is free to schedule them
-    early (the head's gather ahead of the layers' loop). Nothing here orders them: an
-    optimization barrier would not (XLA's CPU pipeline removes it before scheduling), and
-    none is needed, since collectives in flight at once are safe when the CPU runtime has
-    threads enough for them (jaxscale.devices).
+    A unit's gathers do not depend on its activations, so XLA may start them early, and
+    XLA's CPU runtime gives every collective of one kind the same rendezvous key (JAX
+    lowers them all with channel id 1): two all-gathers in flight at once on one device,
+    the head's and a layer's inside the loop, meet in one rendezvous and abort the process
+    ("Check failed: id < num_threads"). An optimization barrier does not order them (XLA's
+    CPU pipeline removes it), a data dependency does: `after(p, x)` is p + 0 * (one
+    element of x), exact for finite x. The unit's gathers then wait for its input, and in
+    backward its reduce-scatters finish before the input's gradient flows on.
     """
-    def embed_unit(p, tokens):
+    def after(p, x):
+        zero = 0 * jnp.ravel(x)[0]
+        return jax.tree.map(lambda t: t + zero.astype(t.dtype), p)
+
+    def embed_unit(p, tokens):  # the first unit: nothing runs before it
         return modellib.embed(fetch(p, False), tokens)
 
     def layer(x, p):
-        return modellib.block(fetch(p, True), x), None
+        return modellib.block(fetch(after(p, x), True), x), None
 
     def head_unit(p, x):
-        return modellib.head(fetch(p, False), x)
+        return modellib.head(fetch(after(p, x), False), x)
 
     saveable = jax.checkpoint_policies
     embed_unit = jax.checkpoint(embed_unit, policy=saveable.nothing_saveable)
