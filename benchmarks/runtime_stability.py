@@ -2,8 +2,9 @@
 
     python benchmarks/runtime_stability.py [--warm 30] [--cold 10] [--threads auto|N]
 
-Each run is a fresh process that trains one strategy of `jaxscale compare` (8 forced CPU
-devices, tiny model, 10 steps, then the timed repeats) through compare's own code path,
+Each run is a fresh process that trains one strategy of `jaxscale compare`, or a layout
+written out (`--layout dp=8,zero=3,micro_batches=2,remat=full`), on 8 forced CPU
+devices (tiny model, 10 steps, then the timed repeats) through compare's own code path,
 `compare.run_strategy`. Warm runs share one compilation cache (filled first), cold runs each
 get an empty one. Runs are interleaved round-robin over the strategies so that every
 strategy meets the same machine load. A run "aborts" when its process dies or hangs past the
@@ -40,13 +41,14 @@ def worker(name: str) -> None:
     from jaxscale import model as modellib
     from jaxscale.cli import enable_compilation_cache
     from jaxscale.compare import run_strategy, strategy_plan
+    from jaxscale.parallel.plan import Plan
     from jaxscale.train import TrainConfig, as_arrays, init_state
     enable_compilation_cache()
     cfg = modellib.preset("tiny")
     _, params, _ = init_state(TrainConfig(model="tiny"))
     it = garden.make_corpus(0, seq_len=cfg.seq_len).train_batches(32, seed=1)
     batches = [as_arrays(next(it)) for _ in range(10)]
-    plan = strategy_plan(name, DEVICES, cfg)
+    plan = Plan.parse(name) if "=" in name else strategy_plan(name, DEVICES, cfg)
     row = run_strategy(name, plan, cfg, params, batches, optim.adamw(3e-3), devices)
     print(json.dumps({"step_s": row["step_s"], "threads": os.environ.get("PJRT_NPROC")}))
 
@@ -79,13 +81,17 @@ def main():
     ap.add_argument("--cold", type=int, default=10, help="cold-cache runs per strategy")
     ap.add_argument("--threads", default="auto",
                     help="PJRT_NPROC settings to compare, round-robin: auto (the fix) or numbers")
-    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--strategies", default=",".join(STRATEGIES),
+                    help="compare's strategy names, comma-separated ('' for none)")
+    ap.add_argument("--layout", action="append", default=[],
+                    help="a layout written out (Plan.parse), repeatable")
     ap.add_argument("--tag", default="", help="suffix of the result file name")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker)
-    names, settings = args.strategies.split(","), args.threads.split(",")
+    names = [n for n in args.strategies.split(",") if n] + args.layout
+    settings = args.threads.split(",")
     runs, t_start = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="jaxscale-stability-") as tmp:
         warm_cache = str(Path(tmp) / "warm")

@@ -34,11 +34,8 @@ from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
 def prepared(cfg, params, batch, plan):
     init, step = build_train_step(cfg, plan, optim.adamw(3e-3), jax.devices()[:plan.n_devices])
     state = init(params)
-    if hasattr(step, "place_batch"):
-        fn, placed = step.jitted, step.place_batch(batch)
-    else:
-        fn, placed = step, batch
-    compiled = fn.lower(state, placed).compile()
+    placed = step.place_batch(batch)
+    compiled = step.jitted.lower(state, placed).compile()
     jax.block_until_ready(compiled(state, placed))
     return compiled, state, placed
 

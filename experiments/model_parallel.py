@@ -76,11 +76,11 @@ class Lab:
             init, step = build_train_step(self.cfg, plan, KEEP_GRADIENT,
                                           jax.devices()[:plan.n_devices])
             state0 = init(self.params)
-            batch = getattr(step, "place_batch", lambda b: b)(self.batches[0])
-            lowered = getattr(step, "jitted", step).lower(state0, batch)
+            batch = step.place_batch(self.batches[0])
+            lowered = step.jitted.lower(state0, batch)
             compiled = lowered.compile()
             state, metrics = compiled(state0, batch)
-            whole = getattr(step, "full_params", lambda s: s.params)(
+            whole = step.full_params(
                 state._replace(params=state.opt_state[0].trace))
             self._grads[plan] = {"grad": whole, "loss": float(metrics["loss"]),
                                  "compiled": compiled, "lowered": lowered,

@@ -62,8 +62,7 @@ class Lab:
             init, step = build_train_step(self.cfg, plan, optim.adamw(3e-3),
                                           jax.devices()[:plan.n_devices])
             state = init(self.params0)
-            lowered = getattr(step, "jitted", step).lower(
-                state, getattr(step, "place_batch", lambda b: b)(self.batches[0]))
+            lowered = step.jitted.lower(state, step.place_batch(self.batches[0]))
             self._compiled[plan] = (lowered.compile(), lowered.as_text(dialect="hlo"), state,
                                     step)
         return self._compiled[plan]
@@ -88,7 +87,7 @@ def part_a(lab: Lab, out: Path) -> dict:
 def _run(lab: Lab, plan: Plan):
     """Train `plan` for STEPS steps with its one compiled program: (state, losses, step)."""
     compiled, _, state, step = lab.compiled(plan)
-    place = getattr(step, "place_batch", lambda b: b)
+    place = step.place_batch
     losses = []
     for b in lab.batches:
         state, m = compiled(state, place(b))

@@ -159,10 +159,9 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
     `time_steps` the step time is left out (step_s is None)."""
     init, step = build_train_step(cfg, plan, optimizer, devices[:plan.n_devices])
     state = init(params)
-    fn = getattr(step, "jitted", step)
-    place = getattr(step, "place_batch", lambda b: b)
+    place = step.place_batch
     placed = place(batches[0])
-    lowered = fn.lower(state, placed)
+    lowered = step.jitted.lower(state, placed)
     compiled, compile_s, source = measure.compile_timed(lowered)
     table = (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
              if plan.pp > 1 else None)

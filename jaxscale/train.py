@@ -241,8 +241,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     graphdef, params, optimizer = init_state(cfg)
     init_fn, step_fn = build_train_step(mcfg, cfg.plan(), optimizer)
     state, eval_fn = init_fn(params), make_eval_step(graphdef)
-    # whole parameters for evaluation: a sharded step (ZeRO-3) knows how to gather its own
-    whole = getattr(step_fn, "full_params", lambda s: s.params)
+    whole = step_fn.full_params  # whole parameters for evaluation, from any layout
     out = Path(out_dir) if out_dir is not None else None
     jsonl = None
     if out is not None:

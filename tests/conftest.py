@@ -76,7 +76,7 @@ def one_step(model: str, **plan):
     init, step = build_train_step(cfg, p, KEEP_GRADIENT, jax.devices()[:p.n_devices])
     state, metrics = step(init(params), batch)
     trace = state.opt_state[0].trace
-    whole = getattr(step, "full_params", lambda s: s.params)(state._replace(params=trace))
+    whole = step.full_params(state._replace(params=trace))
     return whole, float(metrics["loss"]), step, init(params)
 
 

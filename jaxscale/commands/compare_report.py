@@ -40,12 +40,12 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int) -> list[dict]:
               file=sys.stderr, flush=True)
         init, step = build_train_step(cfg, plan, optim.adamw(3e-3), devices[:plan.n_devices])
         state = jax.eval_shape(init, params)
-        sharding = getattr(step, "batch_sharding", None)
+        sharding = step.batch_sharding
         spec = lambda dt: jax.ShapeDtypeStruct((batch_size, cfg.seq_len), dt,  # noqa: E731
                                                sharding=sharding)
         batch = {"tokens": spec(jnp.int32), "targets": spec(jnp.int32),
                  "mask": spec(jnp.float32)}
-        compiled = getattr(step, "jitted", step).lower(state, batch).compile()
+        compiled = step.jitted.lower(state, batch).compile()
         mem = measure.memory(compiled)
         pred = predict(cfg, plan, (batch_size, cfg.seq_len))["states"]
         batch_bytes = 12 * batch_size * cfg.seq_len // plan.dp

@@ -79,14 +79,15 @@ def dp_value_and_grad(graphdef, micro_batches: int = 1):
 
 
 class ShardedStep:
-    """step(state, batch) -> (state, metrics) on a mesh: puts the batch's rows on the dp
-    axis, then runs `jitted`, the compiled shard_map program (lower it to read its HLO).
-    `full_params(state)` gives whole parameters (ZeRO-3 replaces it: it stores slices)."""
+    """step(state, batch) -> (state, metrics), what every Plan's builder returns: puts the
+    batch's rows on the dp axis (`place_batch`; one device: `mesh` None), then runs
+    `jitted`, the compiled program (lower it to read its HLO). `full_params(state)` gives
+    whole parameters (ZeRO-3 and tp/pp layouts pass their own: they store shards)."""
 
-    def __init__(self, mesh, jitted):
+    def __init__(self, mesh, jitted, full_params=None):
         self.mesh, self.jitted = mesh, jitted
-        self.full_params = lambda state: state.params
-        self.batch_sharding = NamedSharding(mesh, P(AXIS))
+        self.full_params = full_params or (lambda state: state.params)
+        self.batch_sharding = None if mesh is None else NamedSharding(mesh, P(AXIS))
 
     def place_batch(self, batch: dict) -> dict:
         return jax.device_put({k: batch[k] for k in ("tokens", "targets", "mask")},

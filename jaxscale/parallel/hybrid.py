@@ -183,6 +183,5 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
 
     compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(state_specs, P(AXIS)),
                                      out_specs=(state_specs, P())))
-    step = ShardedStep(mesh, compiled)
-    step.full_params = jax.jit(lambda state: arrange(state.params, inverse))
-    return init, step
+    return init, ShardedStep(mesh, compiled,
+                             jax.jit(lambda state: arrange(state.params, inverse)))

@@ -158,8 +158,8 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
         from jaxscale.parallel.zero import build_zero
         shapes = nnx.to_pure_dict(nnx.state(modellib.abstract(model_cfg), nnx.Param))
         return build_zero(graphdef, plan, optimizer, pol, shapes, devices)
-    if plan.n_devices == 1 and plan.micro_batches == 1:
-        step = precision.make_step(graphdef, optimizer, pol)
+    from jaxscale.parallel.data import ShardedStep, build_data_parallel
+    if plan.n_devices == 1 and plan.micro_batches == 1:  # the reference: a plain jit
+        step = ShardedStep(None, precision.make_step(graphdef, optimizer, pol))
         return (lambda params32: precision.init_state(params32, optimizer, pol)), step
-    from jaxscale.parallel.data import build_data_parallel
     return build_data_parallel(graphdef, plan, optimizer, pol, devices)

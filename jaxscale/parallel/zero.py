@@ -233,9 +233,8 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
 
     compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(state_specs, P(AXIS)),
                                      out_specs=(state_specs, P())))
-    step = ShardedStep(mesh, compiled)
-    step.full_params = jax.jit(lambda state: layout.full_params(state.params))
-    return init, step
+    return init, ShardedStep(mesh, compiled,
+                             jax.jit(lambda state: layout.full_params(state.params)))
 
 
 # Stage 3's traffic, tensor by tensor. A gather runs where a unit uses a tensor: in the
