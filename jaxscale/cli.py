@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import math
 import os
 import re
@@ -18,9 +17,10 @@ EXIT_USAGE = 2  # a bad option value, one line on stderr
 EXIT_FAILED = 1  # the run went wrong (e.g. the loss became NaN)
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 
-# Subcommands beyond `train`: each module in jaxscale/commands/ has register(subparsers),
-# which adds its parser (class _Parser, so errors are one line) and sets `run=handler`.
-COMMAND_MODULES: tuple[str, ...] = ("compare", "memory", "comm", "failures", "plan", "schedule")
+# The subcommands: each module in jaxscale/commands/ has register(subparsers), which adds
+# its parser (class _Parser, so errors are one line) and sets `run=handler`.
+COMMAND_MODULES: tuple[str, ...] = ("train", "compare", "memory", "comm", "failures", "plan",
+                                    "schedule")
 
 class UsageError(ValueError):
     """A command-line value is invalid."""
@@ -117,14 +117,6 @@ def version_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxscale.commands.memory import preset_summary
-    from jaxscale.model import PRESETS, REMAT_POLICIES
-    from jaxscale.paths import output_dir
-    from jaxscale.parallel.schedule import SCHEDULES
-    from jaxscale.precision import POLICIES, POLICY_HELP
-    from jaxscale.train import LR_SCHEDULES, OPTIMIZERS, TrainConfig
-
-    d = TrainConfig()
     p = _Parser(prog="jaxscale", description=(
         "Train a small transformer on the garden-world language and measure how "
         "training is spread over many devices."))
@@ -133,78 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    t = sub.add_parser("train", help="train a model on the garden corpus", description=(
-        "Train a causal transformer on the garden-world corpus and report the validation "
-        "loss next to the language's exact entropy floor (the loss no model can beat)."))
-    t.add_argument("--model", default=d.model, choices=list(PRESETS), metavar="NAME",
-                   help=f"model preset: {'; '.join(preset_summary(k) for k in PRESETS)} "
-                        f"(default {d.model}; 1b and 7b are sized for GPU/TPU)")
-    t.add_argument("--steps", type=_number(), default=d.steps,
-                   help=f"training steps (default {d.steps})")
-    t.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS, metavar="NAME",
-                   help=f"one of {', '.join(OPTIMIZERS)} (default {d.optimizer})")
-    t.add_argument("--lr", type=_number(float, 0, exclusive=True), default=d.lr,
-                   help=f"peak learning rate (default {d.lr:g})")
-    t.add_argument("--lr-schedule", default=d.lr_schedule, choices=LR_SCHEDULES,
-                   metavar="NAME", help="cosine (warm-up, then decay to 10%%) or constant "
-                                        f"(after warm-up); default {d.lr_schedule}")
-    t.add_argument("--warmup", type=_number(minimum=0), default=d.warmup,
-                   help=f"linear warm-up steps (default {d.warmup})")
-    t.add_argument("--batch-size", type=_number(), default=d.batch_size,
-                   help=f"documents per step (default {d.batch_size})")
-    t.add_argument("--seed", type=_number(minimum=0), default=d.seed,
-                   help="seed of the corpus, the initialisation and the batch order "
-                        f"(default {d.seed})")
-    t.add_argument("--eval-every", type=_number(), default=d.eval_every,
-                   help=f"validate every N steps (default {d.eval_every})")
-    t.add_argument("--stop-gap", type=_number(float, 0, exclusive=True), default=None,
-                   metavar="NATS", help="stop as soon as validation loss is within NATS of "
-                                        "the entropy floor")
-    t.add_argument("--out", type=output_dir, default="runs/train", metavar="DIR",
-                   help="output folder for metrics.jsonl, loss_curve.png, result.json "
-                        "(default runs/train)")
-    t.add_argument("--json", action="store_true",
-                   help="print one JSON object with every figure instead of a table")
-    t.add_argument("--devices", type=_number(), default=None, metavar="N",
-                   help="split the host CPU into N devices (must come before JAX starts)")
-    t.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="device mesh, e.g. dp=8 or dp=2,tp=2,pp=2 (sizes multiply to "
-                        "the device count)")
-    t.add_argument("--zero", type=int, default=d.zero_stage, choices=[0, 1, 2, 3],
-                   metavar="STAGE", help="ZeRO stage over the dp axis: 1 shards the optimizer "
-                                         "state, 2 also the gradients, 3 also the parameters "
-                                         "(gathered per layer when needed)")
-    t.add_argument("--micro-batches", type=_number(), default=1, metavar="M",
-                   help="gradient accumulation: split each batch into M micro-batches, reduce "
-                        "gradients once per step (default 1)")
-    t.add_argument("--schedule", default=d.schedule, choices=list(SCHEDULES), metavar="NAME",
-                   help="pipeline schedule over pp: gpipe (all forwards, then all backwards), "
-                        "1f1b (one forward, one backward: at most pp micro-batches in flight), "
-                        "interleaved (--virtual chunks of layers per device); default "
-                        f"{d.schedule}")
-    t.add_argument("--virtual", type=_number(), default=None, metavar="V",
-                   help="model chunks per pipeline device for --schedule interleaved "
-                        "(default 2 there, 1 otherwise)")
-    t.add_argument("--remat", default=d.remat, choices=list(REMAT_POLICIES), metavar="POLICY",
-                   help="activation recomputation: none; full (keep each block's input, "
-                        "recompute the block in backward); matmuls (keep matmul outputs)")
-    t.add_argument("--precision", default=d.precision, choices=list(POLICIES), metavar="POLICY",
-                   help="number formats: " + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items()))
-    t.set_defaults(run=_cmd_train)
-    for name in COMMAND_MODULES:  # the other commands, one module each (jaxscale/commands/)
+    for name in COMMAND_MODULES:  # one module each (jaxscale/commands/)
         importlib.import_module(f"jaxscale.commands.{name}").register(sub)
     return p
-
-
-def _setup_devices(args):
-    """Force CPU devices and validate the mesh, before any JAX computation."""
-    from jaxscale import devices
-
-    if args.devices is not None:
-        devices.force_cpu_devices(args.devices)
-    if args.mesh is not None:
-        return devices.make_mesh(devices.parse_mesh_spec(args.mesh))  # sizes must match devices
-    return None
 
 
 def enable_compilation_cache() -> None:
@@ -221,80 +144,6 @@ def enable_compilation_cache() -> None:
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-def _cmd_train(args) -> int:
-    from jaxscale.report import plural
-    from jaxscale.train import TrainConfig, TrainInterrupted, train
-
-    cfg = TrainConfig(model=args.model, steps=args.steps, optimizer=args.optimizer, lr=args.lr,
-                      lr_schedule=args.lr_schedule, warmup=args.warmup,
-                      batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
-                      stop_gap=args.stop_gap, precision=args.precision,
-                      mesh=args.mesh or "dp=1", micro_batches=args.micro_batches,
-                      remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
-                      virtual=args.virtual or (2 if args.schedule == "interleaved" else 1))
-    cfg.validate()
-    _setup_devices(args)
-    enable_compilation_cache()
-
-    def log(msg):
-        print(f"jaxscale: warning: {msg}", file=sys.stderr)
-
-    try:
-        result = train(cfg, out_dir=args.out, progress=not args.json, log=log)
-    except TrainInterrupted as e:
-        print(f"jaxscale: interrupted after {plural(e.result.steps_run, 'step')} of "
-              f"{cfg.steps:,}; metrics so far and a partial result.json "
-              f"(\"interrupted\": true) in {args.out}/", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if args.json:
-        print(json.dumps(result.to_json()))
-    else:
-        _print_summary(result, args.out)
-    if result.nonfinite_step is not None:
-        _error(_diverged_message(result, cfg))
-        return EXIT_FAILED
-    return 0
-
-
-def _diverged_message(r, cfg) -> str:
-    """Where the loss stopped being a number, and what usually keeps it one."""
-    tips = [f"a lower --lr (now {cfg.lr:g}, e.g. {cfg.lr / 10:g})",
-            f"a longer --warmup (now {cfg.warmup})"]
-    if cfg.precision != "fp32":  # low precision overflows first: fp32, or fp16's loss scaling
-        tips.append("--precision fp32" if cfg.precision == "fp16"
-                    else "--precision fp32, or fp16 (dynamic loss scaling)")
-    return (f"the training loss became {r.loss_curve[-1]} at step {r.nonfinite_step:,}, so "
-            f"training stopped there; try {', or '.join(tips)}")
-
-
-def _print_summary(r, out) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from jaxscale.report import plural
-
-    table = Table(title=f"jaxscale train: {r.config['model']}", show_header=False)
-    rows = [
-        ("parameters", f"{r.param_count:,}"),
-        ("precision", f"{r.config['precision']} (loss scale at the end {r.loss_scale:g}, "
-                      f"{plural(r.skipped_steps, 'skipped step')})"),
-        ("steps", f"{r.steps_run:,} ({plural(r.tokens_seen, 'target token')})"),
-        ("final training loss", f"{r.loss_curve[-1]:.4f} nats/token"),
-        ("validation loss", f"{r.val_loss:.4f} nats/token" if math.isfinite(r.val_loss)
-         else "not measured (the loss diverged)"),
-        ("entropy floor (exact)", f"{r.entropy_floor:.4f} nats/token"),
-        ("gap to floor", f"{r.gap:.4f} nats" if math.isfinite(r.gap) else "-"),
-        ("compile (first step)", f"{r.compile_s:.2f} s"),
-        ("training wall time", f"{r.train_s:.1f} s, {r.tokens_per_s:,.0f} tokens/s"),
-    ]
-    if r.reached_gap_at_s is not None:
-        rows.append((f"reached gap <= {r.config['stop_gap']}", f"after {r.reached_gap_at_s:.1f} s"))
-    for k, v in rows:
-        table.add_row(k, v)
-    Console().print(table)
-    print(f"metrics, loss curve and result in {out}/")
 
 
 def main(argv: list[str] | None = None) -> int:

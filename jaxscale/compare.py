@@ -20,9 +20,6 @@ replaces the bound.
 """
 from __future__ import annotations
 
-import time
-
-
 from jaxscale import costmodel as cm, measure, model as modellib
 from jaxscale.parallel.pipeline import tick_table
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
