@@ -237,7 +237,7 @@ def part_f(lab: Lab, out: Path) -> dict:
     reductions = [c for c in measure.collectives(hlo) if c.op == "all-reduce"]
     grad_bytes = sum(c.nbytes for c in reductions if any(len(d) for _, d in c.shapes))
     predicted = cm.dp_gradient_allreduce(lab.n_params, N_DEVICES)
-    compiled1, c1 = measure.compile_seconds(step1, s1, batch)
+    compiled1, c1 = measure.compile_seconds(step1.jitted, s1, step1.place_batch(batch))
     compiled8, c8 = measure.compile_seconds(step8.jitted, s8, placed)
     mem1, mem8 = measure.memory(compiled1), measure.memory(compiled8)
     t1 = measure.step_seconds(lambda: step1(s1, batch))
