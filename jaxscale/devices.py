@@ -15,8 +15,8 @@ wait inside collectives, the devices that have not yet arrived find no thread to
 the rendezvous times out and XLA aborts the process ("Termination timeout for `all reduce
 RendezvousKey{...}` ... only 3 of them arrived"). A warm compilation cache makes it
 likelier (programs start closer together). No XLA flag orders collectives, and
-`lax.optimization_barrier` is gone from the optimized CPU program, so the programs cannot
-be written around it. The cure is enough threads: `cpu_runtime_threads(n)` per pool, set
+`lax.optimization_barrier` is gone from the optimized CPU program, so no barrier can keep
+a device from holding several threads. The cure is enough threads: `cpu_runtime_threads(n)` per pool, set
 by `force_cpu_devices` before the backend starts (a `PJRT_NPROC` the user set wins).
 A second hazard, which more threads make likelier: JAX lowers every collective with
 channel id 1, so two collectives of one kind over the same devices that are in flight at
