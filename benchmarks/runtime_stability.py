@@ -47,7 +47,8 @@ def worker(name: str) -> None:
     cfg = modellib.preset("tiny")
     _, params, _ = init_state(TrainConfig(model="tiny"))
     it = garden.make_corpus(0, seq_len=cfg.seq_len).train_batches(32, seed=1)
-    batches = [as_arrays(next(it)) for _ in range(10)]
+    from jaxscale.data.sampler import FixedBatches
+    batches = FixedBatches([as_arrays(next(it)) for _ in range(10)])
     plan = Plan.parse(name) if "=" in name else strategy_plan(name, DEVICES, cfg)
     row = run_strategy(name, plan, cfg, params, batches, optim.adamw(3e-3), devices)
     print(json.dumps({"step_s": row["step_s"], "threads": os.environ.get("PJRT_NPROC")}))

@@ -20,7 +20,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 # The subcommands: each module in jaxscale/commands/ has register(subparsers), which adds
 # its parser (class _Parser, so errors are one line) and sets `run=handler`.
 COMMAND_MODULES: tuple[str, ...] = ("train", "compare", "memory", "comm", "failures", "plan",
-                                    "schedule")
+                                    "schedule", "launch")
 
 class UsageError(ValueError):
     """A command-line value is invalid."""
@@ -148,6 +148,9 @@ def enable_compilation_cache() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if os.environ.get("JAXSCALE_LAUNCHED"):
+        from jaxscale.distributed import die_with_parent
+        die_with_parent()  # one of `jaxscale launch`'s processes: never outlive it
     try:
         args = build_parser().parse_args(_attach_negative_values(argv))
         return args.run(args)

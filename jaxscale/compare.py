@@ -151,13 +151,19 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
 
 
 def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices,
-                 time_steps: bool = True, repeats: int = 15) -> dict:
-    """Train `plan` on `batches` and measure it (see the module docstring); without
-    `time_steps` the step time is left out (step_s is None)."""
+                 time_steps: bool = True, repeats: int = 15, keep_params: bool = False) -> dict:
+    """Train `plan` on `batches` (a data.sampler.StepBatches, or FixedBatches of host
+    dicts) and measure it (see the module docstring); without `time_steps` the step time is
+    left out (step_s is None). Under several processes every process whose devices the
+    plan uses runs this; memory is read on this process's first device of the plan.
+    `keep_params`: the final whole parameters, as host arrays by name, in "_final_params"."""
+    import jax
+
+    from jaxscale import distributed
     init, step = build_train_step(cfg, plan, optimizer, devices[:plan.n_devices])
     state = init(params)
-    place = step.place_batch
-    placed = place(batches[0])
+    place = lambda i: batches.place(i, step.batch_sharding)  # noqa: E731 - this process's rows
+    placed = place(0)
     lowered = step.jitted.lower(state, placed)
     compiled, compile_s, source = measure.compile_timed(lowered)
     table = (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
@@ -166,12 +172,13 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
                                     table.branch_share() if table else None)
     mem = measure.memory(compiled)
     losses = []
-    for b in batches:  # float() waits for each step: dispatch never runs ahead
-        state, metrics = compiled(state, place(b))
+    for i in range(len(batches)):  # float() waits for each step: dispatch never runs ahead
+        state, metrics = compiled(state, place(i))
         losses.append(float(metrics["loss"]))
     timing = (measure.step_seconds(lambda: compiled(state, placed), repeats=repeats)
               if time_steps else {})  # the whole output, not only the loss
-    on0 = lambda tree: measure.bytes_on_device(tree, devices[0])  # noqa: E731
+    here = next(d for d in devices[:plan.n_devices] if d.process_index == jax.process_index())
+    on0 = lambda tree: measure.bytes_on_device(tree, here)  # noqa: E731
     out = {"name": name, "status": "ok", "plan": plan.as_dict(), "n_devices": plan.n_devices,
            "losses": losses, "compile_s": compile_s, "compile_source": source,
            "step_s": timing.get("median_s"), "step_s_q1": timing.get("q1_s"),
@@ -179,6 +186,12 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
            "memory": {"params": on0(state.params), "master": on0(state.master),
                       "optimizer": on0(state.opt_state), **mem},
            "sent": sent}
+    if jax.process_count() > 1 and step.mesh is not None:  # which bytes leave the process
+        out["sent_cross_process"] = measure.ring_bytes_by_op(
+            lowered.as_text(dialect="hlo"), table.branch_share() if table else None,
+            device_process=distributed.device_process(step.mesh))
+    if keep_params:
+        out["_final_params"] = distributed.named_host_arrays(step.full_params(state))
     if table is not None:  # the idle share of the schedule the executor runs (unit ticks)
         out["idle_schedule"] = table.branch_share()[0]
         from jaxscale.parallel.schedule import bubble_fraction

@@ -167,8 +167,10 @@ def parse_mesh_spec(spec: str) -> MeshShape:
 def make_mesh(spec: str | MeshShape, devices: list[jax.Device] | None = None) -> Mesh:
     """A Mesh with axes (dp, pp, tp) over `devices` (default: all of JAX's devices).
 
-    The product of the axis sizes must equal the number of devices. Axes are Auto, so
-    shard_map accepts unsharded inputs and inserts the transfers itself.
+    The product of the axis sizes must equal the number of devices. Devices of several
+    processes are placed process by process (`distributed.place_devices`: tp inside a
+    process, dp across). Axes are Auto, so shard_map accepts unsharded inputs and inserts
+    the transfers itself.
     """
     shape = parse_mesh_spec(spec) if isinstance(spec, str) else spec
     devices = list(jax.devices() if devices is None else devices)
@@ -178,7 +180,8 @@ def make_mesh(spec: str | MeshShape, devices: list[jax.Device] | None = None) ->
             f"{len(devices)} {'is' if len(devices) == 1 else 'are'} available; "
             f"make the sizes multiply to {len(devices)} (or pass --devices {shape.size})"
         )
-    grid = np.asarray(devices, dtype=object).reshape([getattr(shape, a) for a in MESH_AXES])
+    from jaxscale.distributed import place_devices  # several processes: tp inside each
+    grid = place_devices(devices, shape)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 

@@ -257,11 +257,17 @@ def ring_bytes_sent(hlo_text: str, k: int | None = None, skip_scalars: bool = Tr
 
 
 def ring_bytes_by_op(hlo_text: str, branch_share: dict[int, float] | None = None,
-                     skip_scalars: bool = True, n_devices: int | None = None) -> dict[str, float]:
+                     skip_scalars: bool = True, n_devices: int | None = None,
+                     device_process: list[int] | None = None) -> dict[str, float]:
     """{op: bytes one device sends per run} if every collective runs as a ring over its own
     replica group (size g): all-reduce of r bytes 2(g-1)/g r; all-gather to r bytes
     (g-1)/g r; reduce-scatter to r bytes (g-1) r; collective-permute r. An op over every
-    device (no groups written) needs `n_devices`."""
+    device (no groups written) needs `n_devices`.
+
+    With `device_process` (the process of each mesh position) only the bytes that leave a
+    process are counted: a ring's hops from one device to the next in group order, the
+    share of them that join two processes (a permute: its pairs that do), averaged over
+    the groups."""
     out: dict[str, float] = {}
     for c in collectives(hlo_text, branch_share):
         if skip_scalars and not any(len(d) for _, d in c.shapes):
@@ -272,8 +278,22 @@ def ring_bytes_by_op(hlo_text: str, branch_share: dict[int, float] | None = None
         factor = {"all-reduce": 2 * (g - 1) / g, "all-gather": (g - 1) / g,
                   "reduce-scatter": g - 1, "collective-permute": 1,
                   "all-to-all": (g - 1) / g}[c.op]
-        out[c.op] = out.get(c.op, 0.0) + factor * c.nbytes * c.times
+        if device_process is not None:
+            factor *= _crossing_share(c, device_process)
+        if factor:
+            out[c.op] = out.get(c.op, 0.0) + factor * c.nbytes * c.times
     return out
+
+
+def _crossing_share(c: Collective, proc: list[int]) -> float:
+    """The share of a collective's device-to-device sends that cross a process boundary."""
+    if c.op == "collective-permute":
+        hops = list(c.pairs)
+    else:
+        groups = [tuple(range(len(proc)))] if c.groups is None else c.groups
+        hops = [(grp[i], grp[(i + 1) % len(grp)]) for grp in groups for i in range(len(grp))
+                if len(grp) > 1]
+    return sum(proc[a] != proc[b] for a, b in hops) / len(hops) if hops else 0.0
 
 
 def max_rel_diff(a, b, floor: float = 1e-4) -> float:

@@ -19,7 +19,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxscale import garden, model as modellib, optim, precision
+from jaxscale import distributed, garden, model as modellib, optim, precision
+from jaxscale.data.sampler import StepBatches
 from jaxscale.loss import loss_fn, nll_and_count  # noqa: F401  (re-exported)
 from jaxscale.parallel.plan import Plan, build_train_step
 from jaxscale.report import Progress, plot_loss_curve
@@ -229,6 +230,9 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
           log=None) -> TrainResult:
     """Train on the garden corpus; write metrics.jsonl, loss_curve.png, result.json into out_dir.
 
+    Under several processes (jax.distributed) every process runs this loop over one global
+    mesh, each building only its own rows of every batch (data.sampler); only process 0
+    shows progress and writes, and the stop decisions are process 0's, broadcast.
     A NaN or inf loss stops training at that step (result.nonfinite_step says which). Ctrl-C
     stops it too: metrics.jsonl and a result.json with "interrupted": true are written, then
     TrainInterrupted (a KeyboardInterrupt) is raised with the partial result.
@@ -242,13 +246,15 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     init_fn, step_fn = build_train_step(mcfg, cfg.plan(), optimizer)
     state, eval_fn = init_fn(params), make_eval_step(graphdef)
     whole = step_fn.full_params  # whole parameters for evaluation, from any layout
-    out = Path(out_dir) if out_dir is not None else None
+    main = distributed.is_main()  # one voice: only process 0 prints and writes
+    progress = progress and main
+    out = Path(out_dir) if out_dir is not None and main else None
     jsonl = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         jsonl = open(out / "metrics.jsonl", "w")
 
-    batches = corpus.train_batches(cfg.batch_size, seed=cfg.seed)
+    batches = StepBatches(corpus.train, cfg.batch_size, mcfg.seq_len, cfg.seed)
     losses, norms, val_curve = [], [], []
     tokens = 0
     schedule = lr_schedule(cfg)
@@ -258,24 +264,25 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     nonfinite_at, interrupted = None, False
     try:
         for step in range(1, cfg.steps + 1):
-            b = next(batches)
+            batch = batches.place(step - 1, step_fn.batch_sharding)  # this process's rows
+            n_tokens = batches.n_tokens(step - 1)
             t0 = time.perf_counter()
-            state, m = step_fn(state, as_arrays(b))
+            state, m = step_fn(state, batch)
             m = jax.device_get(m)  # waits for the step; one transfer for all metrics
             loss, gnorm = float(m["loss"]), float(m["grad_norm"])
             if step == 1:
                 compile_s = time.perf_counter() - t0
             losses.append(loss)
             norms.append(gnorm)
-            tokens += b.n_tokens
+            tokens += n_tokens
             if not math.isfinite(loss):  # diverged: every later step would be NaN too
                 nonfinite_at = step
             # the gradient norm warns of a loss spike before the loss does
-            elif norm_median is not None and gnorm > 5 * norm_median and log is not None:
+            elif norm_median is not None and gnorm > 5 * norm_median and log and main:
                 log(f"step {step}: gradient norm {gnorm:.3g} is {gnorm / norm_median:.1f}x "
                     "its recent median (possible loss spike)")
             norm_median = float(np.median(norms[-50:]))
-            record = {"step": step, "loss": loss, "grad_norm": gnorm, "n_tokens": b.n_tokens,
+            record = {"step": step, "loss": loss, "grad_norm": gnorm, "n_tokens": n_tokens,
                       "lr": float(schedule(step - 1)), "loss_scale": float(m["loss_scale"]),
                       "skipped": int(m["skipped"]),
                       "time_s": time.perf_counter() - t_start}
@@ -291,8 +298,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             rate = tokens / elapsed if elapsed > 0 and step > 1 else 0.0
             gap_txt = f" gap {val_curve[-1][1] - floor:.3f}" if val_curve else ""
             bar.update(step, f"loss {loss:.3f}{gap_txt} | {rate:,.0f} tok/s")
-            if reached_at is not None or nonfinite_at is not None:
-                break
+            if distributed.agree(reached_at is not None or nonfinite_at is not None):
+                break  # process 0's decision, so that every process stops at this step
     except KeyboardInterrupt:  # Ctrl-C: keep what ran, write it below, then stop the caller
         interrupted = True
     finally:

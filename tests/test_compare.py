@@ -6,6 +6,7 @@ import pytest
 from jaxscale import compare as C, model as M, optim
 from jaxscale.cli import main
 
+from jaxscale.data.sampler import FixedBatches
 from jaxscale.parallel.plan import Plan
 
 from conftest import run_python, setup
@@ -48,8 +49,8 @@ def test_compare_on_four_devices_end_to_end(tmp_path):
 def test_eight_device_strategies_match_their_predictions(devices, name):
     cfg, params, batch = setup("tiny")
     plan = C.check_strategies([name], 8, cfg)[name]
-    row = C.run_strategy(name, plan, cfg, params, [batch], optim.adamw(3e-3), devices,
-                         time_steps=False)
+    row = C.run_strategy(name, plan, cfg, params, FixedBatches([batch]), optim.adamw(3e-3),
+                         devices, time_steps=False)
     pred = C.predict(cfg, plan, batch["tokens"].shape)
     m = row["memory"]
     assert m["params"] + m["master"] + m["optimizer"] == \
@@ -122,7 +123,7 @@ def _batches(n):
     from jaxscale import garden
     from jaxscale.train import as_arrays
     it = garden.make_corpus(0).train_batches(32, seed=1)
-    return [as_arrays(next(it)) for _ in range(n)]
+    return FixedBatches([as_arrays(next(it)) for _ in range(n)])
 
 
 def _row(name, devices, **plan):

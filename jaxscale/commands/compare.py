@@ -23,6 +23,7 @@ PLATFORMS = ("auto", "cpu", "gpu", "tpu")
 
 
 def register(subparsers) -> None:
+    from jaxscale import distributed
     from jaxscale.compare import CONTROL, NOISE_FLOOR, NOISE_MULTIPLE, STRATEGIES
     from jaxscale.model import PRESETS
     from jaxscale.parallel.plan import LAYOUT_KEYS
@@ -44,7 +45,8 @@ def register(subparsers) -> None:
             "ZeRO-1). Each runs in a worker process: a strategy that crashes is marked failed "
             "and the others are kept. Exit code 1 if a strategy fails or misses the bound."))
     p.add_argument("--devices", type=_number(), default=8, metavar="N",
-                   help="devices to use (CPU: forced host devices; default 8)")
+                   help="devices to use (CPU: forced host devices; several processes: in "
+                        "all, split evenly over them; default 8)")
     p.add_argument("--platform", default="auto", choices=PLATFORMS, metavar="NAME",
                    help="cpu, gpu, tpu or auto (the default backend; default auto)")
     p.add_argument("--model", default="tiny", choices=list(PRESETS), metavar="PRESET",
@@ -70,6 +72,10 @@ def register(subparsers) -> None:
                    help="folder for compare.json, compare.md and, unless --abstract, the "
                         "PNG charts (default runs/compare)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every figure")
+    p.add_argument("--save-params", type=output_dir, default=None, metavar="DIR",
+                   help="write each strategy's final whole parameters to DIR/NAME.npz (to "
+                        "compare runs, e.g. one process against several)")
+    distributed.add_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -98,6 +104,9 @@ def _strategy_names(args, n, cfg) -> tuple[list[str], tuple[str, ...]]:
 
 
 def run(args) -> int:
+    from dataclasses import asdict
+
+    from jaxscale import distributed
     from jaxscale import model as modellib
     from jaxscale.compare import CompareError, check_strategies
     cfg = modellib.preset(args.model)
@@ -114,7 +123,11 @@ def run(args) -> int:
                                f"divisible by dp x micro_batches = {plan.dp} x "
                                f"{plan.micro_batches}; try --batch-size {need}")
     out = Path(args.out)
+    cluster = distributed.from_args(args)
     if args.abstract:
+        if cluster is not None:
+            raise CompareError("--abstract compiles in one process; drop the multi-process "
+                               "options (or run it without `jaxscale launch`)")
         return _run_abstract(args, cfg, plans, out)
     from jaxscale.commands import compare_report as report
     from jaxscale.commands.compare_runner import WorkerError, run_all
@@ -131,17 +144,26 @@ def run(args) -> int:
 
     spec = {"model": args.model, "devices": args.devices, "platform": args.platform,
             "steps": args.steps, "batch_size": args.batch_size, "repeats": args.repeats,
-            "strategies": [{"name": k, "plan": p.as_dict()} for k, p in plans.items()]}
+            "strategies": [{"name": k, "plan": p.as_dict()} for k, p in plans.items()],
+            "cluster": None if cluster is None else asdict(cluster),
+            "save_params": None if args.save_params is None else str(args.save_params)}
+    if cluster is not None:
+        result["processes"] = cluster.num_processes
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    voice = {"main": cluster is None or cluster.process_id in (None, 0)}
     try:
-        run_all(spec, save, log)
+        rows = run_all(spec, save, log, voice=voice)
     except WorkerError as e:
         raise CompareError(str(e)) from None
     except KeyboardInterrupt:
+        if not voice["main"]:
+            return 130
         save(result["rows"])
         log(f"jaxscale: interrupted; the {len(result['rows'])} strategies finished so far "
             f"are in {out / 'compare.json'}")
         return 130
+    if not voice["main"]:  # process 0 reports for the job
+        return 1 if any(r["status"] == "failed" for r in rows) else 0
     result["complete"] = True
     report.finish(result)
     save(result["rows"])

@@ -22,15 +22,16 @@ ZERO_FLOOR = 1e-9  # where an exact 0 is drawn on the log scale when nothing dif
 
 
 def charts(result: dict, out: Path) -> dict:
-    """Write memory.png, bytes.png and losses.png into `out`; returns the figures by name
-    (saved and closed, their artists still readable)."""
+    """Write memory.png, bytes.png and losses.png (when the single device ran) into `out`;
+    returns the figures by name (saved and closed, their artists still readable)."""
     from jaxscale.report import save_figure
 
     ok = [r for r in result["rows"] if r.get("status", "ok") == "ok"]
     failed = [r["name"] for r in result["rows"] if r.get("status", "ok") != "ok"]
     note = f"\nfailed, not drawn: {', '.join(failed)}" if failed else ""
-    figures = {"memory": memory_figure(ok, note), "bytes": bytes_figure(ok, note),
-               "losses": losses_figure(result, ok, note)}
+    figures = {"memory": memory_figure(ok, note), "bytes": bytes_figure(ok, note)}
+    if any(r["name"] == REFERENCE for r in ok):  # no reference, no differences to draw
+        figures["losses"] = losses_figure(result, ok, note)
     for name, fig in figures.items():
         save_figure(fig, Path(out) / f"{name}.png")
     return figures
@@ -145,7 +146,7 @@ def losses_figure(result: dict, rows: list[dict], note: str = ""):
                                       gridspec_kw={"width_ratios": [3, 1]})
     others = [r for r in rows if r["name"] != REFERENCE]
     positive = [d for r in others for d in r["rel_dloss"] if d > 0]
-    positive += [v for v in (noise["drift"], noise["tolerance"]) if v > 0]
+    positive += [v for v in (noise["drift"], noise["tolerance"]) if v is not None and v > 0]
     # an exact 0 is drawn a decade or so below the smallest real difference
     floor = 10 ** np.floor(np.log10(min(positive) / 3)) if positive else ZERO_FLOOR
     markers = "os^vD<>pPX*h"

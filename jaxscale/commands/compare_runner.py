@@ -16,6 +16,11 @@ command is two processes:
 
 Cost: one extra process start (about 2-3 s: Python, JAX, the corpus) per worker; one worker
 unless a strategy crashes.
+
+Under several processes (`jaxscale launch`, or a cluster) every process runs this pair, and
+the workers together form the jax.distributed job (spec["cluster"]); only process 0's
+supervisor reports. A worker that dies there takes the job with it (its peers abort), so
+there is no second worker: the strategy it ran is marked failed and the rest not run.
 """
 from __future__ import annotations
 
@@ -50,22 +55,35 @@ class WorkerError(RuntimeError):
     """The worker could not start (no such devices, ...); its message is for the user."""
 
 
-def run_all(spec: dict, on_row, log=print, worker=None) -> list[dict]:
+def run_all(spec: dict, on_row, log=print, worker=None, voice: dict | None = None) -> list[dict]:
     """Run spec["strategies"] ([{name, plan}]) in `worker` processes; rows in order.
 
-    `on_row(rows)` is called with all rows so far each time one finishes or fails."""
+    `on_row(rows)` is called with all rows so far each time one finishes or fails, and
+    `log` with progress, both only in process 0 of a multi-process job; `voice["main"]`
+    says whether this is process 0."""
     pending = list(spec["strategies"])
     rows: list[dict] = []
+    voice = {"main": True} if voice is None else voice
+    voice.setdefault("main", True)
+    report = lambda r: voice["main"] and on_row(r)  # noqa: E731
+    say = lambda m: voice["main"] and log(m)  # noqa: E731
     t_start = time.perf_counter()
     total = len(pending)
     while pending:
-        done = _one_worker(worker or WORKER, {**spec, "strategies": pending}, rows, on_row, log,
-                           t_start, total)
+        done = _one_worker(worker or WORKER, {**spec, "strategies": pending}, rows, report, say,
+                           t_start, total, voice)
         pending = pending[done:]
+        if pending and spec.get("cluster"):  # the job lost a process: nobody to run them
+            for s in pending:
+                rows.append({"name": s["name"], "status": "failed", "plan": s["plan"],
+                             "mesh": mesh_label(s["plan"]),
+                             "error": "not run: the multi-process job lost a process"})
+            report(rows)
+            break
     return rows
 
 
-def _one_worker(worker, spec, rows, on_row, log, t_start, total) -> int:
+def _one_worker(worker, spec, rows, on_row, log, t_start, total, voice) -> int:
     """Run strategies until they are done or the worker dies; returns how many it settled."""
     proc = subprocess.Popen(list(worker), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -83,6 +101,8 @@ def _one_worker(worker, spec, rows, on_row, log, t_start, total) -> int:
                 continue  # a stray print of a library
             if event["event"] == "error":
                 raise WorkerError(event["message"])
+            if event["event"] == "joined":  # one of several processes: only 0 reports
+                voice["main"] = event["process"] == 0
             if event["event"] == "start":
                 running = event["name"]
                 i = len(rows) + 1
@@ -109,8 +129,8 @@ def _one_worker(worker, spec, rows, on_row, log, t_start, total) -> int:
         rows.append({"name": running, "status": "failed", "plan": plan,
                      "mesh": mesh_label(plan),
                      "error": f"its process died ({_exit_text(rc)}): {_last_words(tail)}"})
-        log(f"  {running} FAILED: its process died ({_exit_text(rc)}); going on with the "
-            "rest in a new process")
+        log(f"  {running} FAILED: its process died ({_exit_text(rc)})"
+            + ("" if spec.get("cluster") else "; going on with the rest in a new process"))
         settled += 1
         on_row(rows)
     return settled
@@ -168,8 +188,27 @@ def pick_devices(platform: str, n: int):
     return found[:n]
 
 
+def join_cluster(spec: dict):
+    """One process of a jax.distributed job: forced CPU devices (--platform cpu, or auto
+    with no accelerator plugin installed), else the accelerators; the first n devices of
+    the global list, process by process."""
+    import jax
+
+    from jaxscale import distributed
+    from jaxscale.compare import CompareError
+    platform, n = spec["platform"], spec["devices"]
+    cpu = platform == "cpu" or (platform == "auto" and not distributed.accelerator_installed())
+    distributed.start(distributed.Cluster(**spec["cluster"]), n if cpu else None)
+    found = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    if len(found) < n:
+        raise CompareError(f"--devices {n}: the job has only {len(found)} devices")
+    return found[:n]
+
+
 def worker() -> int:
     """The child process: the spec on stdin, one JSON event per line on stdout."""
+    from jaxscale.distributed import die_with_parent
+    die_with_parent()  # under `jaxscale launch`: never outlive the supervisor
     spec = json.loads(sys.stdin.readline())
 
     def emit(**event):
@@ -177,35 +216,65 @@ def worker() -> int:
 
     from jaxscale.compare import CompareError
     try:
-        devices = pick_devices(spec["platform"], spec["devices"])
+        if spec.get("cluster"):
+            devices = join_cluster(spec)
+        else:
+            devices = pick_devices(spec["platform"], spec["devices"])
     except (CompareError, ValueError) as e:
         emit(event="error", message=str(e))
         return 2
+    import jax
+    me = jax.process_index()
+    if jax.process_count() > 1:
+        emit(event="joined", process=me, processes=jax.process_count())
     from jaxscale import garden, optim
     from jaxscale import model as modellib
     from jaxscale.cli import enable_compilation_cache
     from jaxscale.compare import predict, predictable, run_strategy
+    from jaxscale.data.sampler import StepBatches
     from jaxscale.parallel.plan import Plan
-    from jaxscale.train import TrainConfig, as_arrays, init_state
+    from jaxscale.train import TrainConfig, init_state
     enable_compilation_cache()
     cfg = modellib.preset(spec["model"])
     _, params, _ = init_state(TrainConfig(model=spec["model"]))
-    it = garden.make_corpus(0, seq_len=cfg.seq_len).train_batches(spec["batch_size"], seed=1)
-    batches = [as_arrays(next(it)) for _ in range(spec["steps"])]
+    corpus = garden.make_corpus(0, seq_len=cfg.seq_len)
+    batches = StepBatches(corpus.train, spec["batch_size"], cfg.seq_len, seed=1,
+                          steps=spec["steps"])  # each process builds only its rows
     for s in spec["strategies"]:
         plan = Plan(**s["plan"])
         emit(event="start", name=s["name"], mesh=mesh_label(s["plan"]))
+        if not any(d.process_index == me for d in devices[:plan.n_devices]):
+            emit(event="row", row={"name": s["name"], "status": "elsewhere", "plan": s["plan"],
+                                   "mesh": mesh_label(s["plan"]), "process": me})
+            continue  # a plan on other processes' devices only (the single device: process 0)
         try:
             row = run_strategy(s["name"], plan, cfg, params, batches, optim.adamw(LEARNING_RATE),
-                               devices, repeats=spec["repeats"])
-            row["predicted"] = (predict(cfg, plan, batches[0]["tokens"].shape)
+                               devices, repeats=spec["repeats"],
+                               keep_params=bool(spec.get("save_params")))
+            row["predicted"] = (predict(cfg, plan, (spec["batch_size"], cfg.seq_len))
                                 if predictable(plan) else None)
+            if spec.get("save_params"):
+                row["params_file"] = _save_params(row, spec["save_params"], me)
         except Exception as e:  # noqa: BLE001 - one strategy's error must not end the others
             row = {"name": s["name"], "status": "failed", "plan": s["plan"],
                    "error": f"{type(e).__name__}: {e}"[:2000]}
         row["mesh"] = mesh_label(s["plan"])
+        row["process"] = me
         emit(event="row", row=row)
     return 0
+
+
+def _save_params(row, folder, me):
+    """Process 0 writes the strategy's final whole parameters to FOLDER/NAME.npz."""
+    from pathlib import Path
+
+    import numpy as np
+    params = row.pop("_final_params")
+    path = Path(folder) / f"{row['name'].replace('/', '_')}.npz"
+    if me == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, **params)
+    return str(path)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from jaxscale.cli import EXIT_FAILED, EXIT_INTERRUPTED, _error, _number, enable_
 
 
 def register(subparsers) -> None:
+    from jaxscale import distributed
     from jaxscale.commands.memory import preset_summary
     from jaxscale.model import PRESETS, REMAT_POLICIES
     from jaxscale.parallel.schedule import SCHEDULES
@@ -74,24 +75,41 @@ def register(subparsers) -> None:
                         "recompute the block in backward); matmuls (keep matmul outputs)")
     t.add_argument("--precision", default=d.precision, choices=list(POLICIES), metavar="POLICY",
                    help="number formats: " + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items()))
+    distributed.add_arguments(t)
     t.set_defaults(run=run)
 
 
 def _setup_devices(args):
-    """Force CPU devices and validate the mesh, before any JAX computation."""
-    from jaxscale import devices
+    """Force CPU devices (this process's share of them, when it is one of several) and
+    validate the mesh, before any JAX computation."""
+    from jaxscale import devices, distributed
 
-    if args.devices is not None:
+    cluster = distributed.from_args(args)
+    shape = devices.parse_mesh_spec(args.mesh) if args.mesh is not None else None
+    if shape is not None and args.devices is not None and shape.size != args.devices:
+        raise devices.MeshSpecError(f"mesh {args.mesh} has {shape.size} devices but --devices "
+                                    f"is {args.devices}; make them equal")
+    if cluster is not None:
+        distributed.start(cluster, args.devices)
+    elif args.devices is not None:
         devices.force_cpu_devices(args.devices)
-    if args.mesh is not None:
-        return devices.make_mesh(devices.parse_mesh_spec(args.mesh))  # sizes must match devices
+    if shape is not None:
+        return devices.make_mesh(shape)  # sizes must match the (global) devices
     return None
 
 
 def run(args) -> int:
+    import dataclasses
+
+    import jax
+
+    from jaxscale.distributed import is_main
     from jaxscale.report import plural
     from jaxscale.train import TrainConfig, TrainInterrupted, train
 
+    several = args.num_processes is not None and args.num_processes > 1
+    if args.mesh is None and several and args.devices is not None:
+        args.mesh = f"dp={args.devices}"  # several processes: the mesh spans all devices
     cfg = TrainConfig(model=args.model, steps=args.steps, optimizer=args.optimizer, lr=args.lr,
                       lr_schedule=args.lr_schedule, warmup=args.warmup,
                       batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
@@ -101,18 +119,26 @@ def run(args) -> int:
                       virtual=args.virtual or (2 if args.schedule == "interleaved" else 1))
     cfg.validate()
     _setup_devices(args)
+    if args.mesh is None and jax.process_count() > 1:  # a cluster's own devices: dp over all
+        cfg = dataclasses.replace(cfg, mesh=f"dp={jax.device_count()}")
+        cfg.validate()
     enable_compilation_cache()
 
     def log(msg):
         print(f"jaxscale: warning: {msg}", file=sys.stderr)
 
+    main = is_main()  # several processes: only process 0 prints
     try:
         result = train(cfg, out_dir=args.out, progress=not args.json, log=log)
     except TrainInterrupted as e:
+        if not main:
+            return EXIT_INTERRUPTED
         print(f"jaxscale: interrupted after {plural(e.result.steps_run, 'step')} of "
               f"{cfg.steps:,}; metrics so far and a partial result.json "
               f"(\"interrupted\": true) in {args.out}/", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if not main:
+        return EXIT_FAILED if result.nonfinite_step is not None else 0
     if args.json:
         print(json.dumps(result.to_json()))
     else:
