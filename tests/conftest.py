@@ -20,6 +20,7 @@ CACHE = ROOT / ".cache" / "jax-tests"
 N_DEVICES = 8
 os.environ["JAXSCALE_CACHE_DIR"] = str(CACHE)
 os.environ["MPLCONFIGDIR"] = str(ROOT / ".cache" / "matplotlib")
+os.environ["JAXSCALE_DISTRIBUTED"] = "off"  # run under SLURM or on a TPU VM: never join it
 
 import functools  # noqa: E402
 

@@ -5,6 +5,8 @@ tmp_path. `train` commands are sized for minutes, so they run up to the training
 options parsed, the config validated, devices and mesh set up, then the loop is replaced.
 `compare` lines run up to their workers: every strategy validated and its plan built, then
 the run is replaced (the compare tests run the command itself, end to end and --abstract).
+`launch` lines run up to starting their processes: every check passed, each process's
+command line built and parsed (tests/test_multiprocess.py launches for real).
 """
 import re
 import shlex
@@ -41,6 +43,7 @@ COMMANDS = readme_commands()
 CALCULATOR_LINES = [(a, c) for a, c in COMMANDS if a[0] in CALCULATORS]
 TRAIN_LINES = [a for a, _ in COMMANDS if a[0] == "train"]
 COMPARE_LINES = [a for a, _ in COMMANDS if a[0] == "compare"]
+LAUNCH_LINES = [a for a, _ in COMMANDS if a[0] == "launch"]
 
 
 def _ids(argv) -> str:
@@ -114,3 +117,29 @@ def test_compare_line_gets_to_its_workers(tmp_path, monkeypatch, argv):
         main(_to_tmp(argv, tmp_path) + ["--out", str(tmp_path / "c")])
     (spec,) = specs
     assert spec["strategies"]
+
+
+def test_the_readme_shows_launch():
+    assert len(LAUNCH_LINES) >= 2
+
+
+@pytest.mark.parametrize("argv", LAUNCH_LINES, ids=[_ids(a) for a in LAUNCH_LINES])
+def test_launch_line_gets_to_its_processes(tmp_path, monkeypatch, argv):
+    from jaxscale import cli
+    from jaxscale.commands import launch
+    started = []
+
+    def stop(argvs, logs, **kwargs):
+        started.append(argvs)
+        raise _Stop
+
+    monkeypatch.setattr(launch, "launch", stop)
+    monkeypatch.delenv("JAXSCALE_LAUNCHED", raising=False)
+    with pytest.raises(_Stop):
+        main(argv[:1] + ["--logs", str(tmp_path / "logs")] + _to_tmp(argv[1:], tmp_path))
+    (argvs,) = started
+    p = int(argv[argv.index("--processes") + 1])
+    assert len(argvs) == p
+    for i, child in enumerate(argvs):  # each child's own command line parses
+        cli.build_parser().parse_args(child[3:])
+        assert child[child.index("--process-id") + 1] == str(i)

@@ -51,7 +51,8 @@ def register(subparsers) -> None:
     t.add_argument("--json", action="store_true",
                    help="print one JSON object with every figure instead of a table")
     t.add_argument("--devices", type=_number(), default=None, metavar="N",
-                   help="split the host CPU into N devices (must come before JAX starts)")
+                   help="split the host CPU into N devices (several processes: N in all, "
+                        "split evenly over them)")
     t.add_argument("--mesh", default=None, metavar="SPEC",
                    help="device mesh, e.g. dp=8 or dp=2,tp=2,pp=2 (sizes multiply to "
                         "the device count)")
