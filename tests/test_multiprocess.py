@@ -18,8 +18,8 @@ from conftest import CACHE, ROOT
 
 pytestmark = pytest.mark.slow
 
-TRAIN = ["train", "--model", "tiny", "--mesh", "dp=2,tp=2", "--steps", "30", "--eval-every",
-         "3", "--stop-gap", "10", "--batch-size", "16", "--json"]
+BASE = ["train", "--model", "tiny", "--mesh", "dp=2,tp=2", "--batch-size", "16"]
+TRAIN = [*BASE, "--steps", "30", "--eval-every", "3", "--stop-gap", "10", "--json"]
 
 
 def _env():
@@ -60,6 +60,8 @@ def test_two_processes_train_like_one_and_stop_together(tmp_path):
                          *TRAIN, "--out", str(tmp_path / "two"))
     assert launched.returncode == 0, launched.stderr[-3000:]
     a, b = json.loads(one.stdout), json.loads(launched.stdout)  # stdout: exactly the JSON
+    assert "[Gloo]" not in launched.stderr and "2 processes x 2 CPU devices" in launched.stderr
+    assert "[Gloo] Rank 1" in (tmp_path / "logs" / "process-1.log").read_text()  # all kept
     assert a["steps_run"] == b["steps_run"] == 3  # stopped at the first validation, together
     rel = np.abs(np.subtract(a["loss_curve"], b["loss_curve"])) / np.abs(a["loss_curve"])
     assert rel.max() <= 1e-6, rel
@@ -119,7 +121,7 @@ def test_a_killed_process_ends_the_job_with_one_clear_line_and_no_orphans(tmp_pa
     launcher = subprocess.Popen(
         [sys.executable, "-m", "jaxscale", "launch", "--processes", "2",
          "--devices-per-process", "2", "--logs", str(tmp_path / "logs"), "--",
-         *TRAIN[:-5], "--steps", "100000", "--eval-every", "100000", "--out", marker],
+         *BASE, "--steps", "100000", "--eval-every", "100000", "--out", marker],
         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
