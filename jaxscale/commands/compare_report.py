@@ -1,5 +1,13 @@
 """`jaxscale compare`'s figures: derived columns, the table, the markdown (charts:
-compare_charts.py; the runs themselves: compare_runner.py)."""
+compare_charts.py; the runs themselves: compare_runner.py).
+
+Under several processes the communication table gains "cross-proc/step": the bytes per device
+per step that leave the process, measured from the HLO's replica groups and the
+device-to-process map (`measure.ring_bytes_by_op(..., device_process=...)`), next to a
+prediction: each predicted collective's bytes x the share of its ring's hops that join two
+processes, for the axis it runs over, given the placement (`distributed.place_devices`: the
+job's devices process by process, tp innermost, then pp, then dp). One-process runs show no
+such column."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +28,100 @@ def finish(result: dict) -> None:
         p = r["predicted"]
         r["states_predicted"] = p["states"]["params"] + p["states"]["optimizer"] if p else None
         r["sent_predicted_total"] = sum(p["sent"].values()) if p else None
+    if not multiprocess(result):
+        return
+    from jaxscale import model as modellib
+    procs, cfg = _device_process(result), modellib.preset(result["model"])
+    for r in rows:
+        cross = r.get("sent_cross_process")
+        if cross is None and not r["sent"]:  # no mesh (the single device): nothing to cross
+            cross = r["sent_cross_process"] = {}
+        r["cross_total"] = None if cross is None else sum(cross.values())
+        pred = None
+        if r["predicted"] and procs is not None:
+            pred = predict_cross_process(cfg, r["plan"], (result["batch_size"], cfg.seq_len),
+                                         procs, r["predicted"]["sent"])
+        r["sent_cross_process_predicted"] = pred
+        r["cross_predicted_total"] = None if pred is None else sum(pred.values())
+
+
+def multiprocess(result: dict) -> bool:
+    """Whether the run was one job of several processes (then bytes can leave a process)."""
+    return (result.get("processes") or 1) > 1 or any(
+        "sent_cross_process" in r for r in result.get("rows", []))
+
+
+def _device_process(result: dict) -> list[int] | None:
+    """The process of each device position, as compare's workers place them: the job's
+    devices sorted process by process, the same number on each (None: count unknown)."""
+    p, n = result.get("processes"), result.get("devices")
+    if not p or not n or n % p:
+        return None
+    return [i // (n // p) for i in range(n)]
+
+
+def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, float]:
+    """For each mesh axis, the share of ring hops along it (each device to the next in its
+    group, the last back to the first) that join two processes; the plan's devices are the
+    first of `device_process`, laid out (dp, pp, tp) as `devices.make_mesh` does."""
+    import numpy as np
+
+    from jaxscale.devices import MESH_AXES
+    sizes = [plan[a] for a in MESH_AXES]
+    n = int(np.prod(sizes))
+    grid = np.asarray(device_process[:n]).reshape(sizes)
+    out = {}
+    for i, axis in enumerate(MESH_AXES):
+        groups = np.moveaxis(grid, i, -1).reshape(-1, sizes[i])
+        out[axis] = (float(np.mean(groups != np.roll(groups, -1, axis=1))) if sizes[i] > 1
+                     else 0.0)
+    return out
+
+
+def predicted_by_axis(cfg, plan: dict, batch_shape: tuple[int, int],
+                      sent: dict[str, float]) -> dict[str, dict[str, float]] | None:
+    """compare.predict's bytes per collective, split by the mesh axis each runs over:
+    ZeRO's reduce-scatter and all-gather over dp, the pipeline's permutes over pp, and the
+    all-reduce in three terms (dp's gradients without ZeRO, tp's activations, pp's shared
+    embedding gradients), the same closed forms as `predict`. None if the terms do not add
+    up to `sent` (predict changed: better no prediction than a wrong one)."""
+    from jaxscale.compare import params_per_device
+    from jaxscale.parallel.plan import Plan
+    pl = Plan(**plan)
+    psi = params_per_device(cfg, pl)
+    k, z, m = pl.dp, pl.zero_stage, pl.micro_batches
+    ring = lambda n, g: 2 * (g - 1) / g * n  # noqa: E731
+    b, s = batch_shape
+    act = b // k // m * s * cfg.d_model * 4
+    reduce = {"dp": ring(4 * psi["total"], k) if z == 0 else 0.0,
+              "tp": ring((6 if pl.pp > 1 else 4) * cfg.n_layers // pl.pp * m * act, pl.tp),
+              "pp": ring(4 * psi["top"] / (k if z else 1), pl.pp) if pl.pp > 1 else 0.0}
+    total = sent.get("all-reduce", 0.0)
+    if abs(sum(reduce.values()) - total) > 1e-6 * max(total, 1.0):
+        return None
+    out = {"dp": {op: sent[op] for op in ("reduce-scatter", "all-gather") if op in sent},
+           "pp": {op: sent[op] for op in ("collective-permute",) if op in sent}, "tp": {}}
+    for axis, v in reduce.items():
+        if v:
+            out[axis]["all-reduce"] = v
+    known = {"all-reduce", "reduce-scatter", "all-gather", "collective-permute"}
+    return None if set(sent) - known else out
+
+
+def predict_cross_process(cfg, plan: dict, batch_shape, device_process: list[int],
+                          sent: dict[str, float]) -> dict[str, float] | None:
+    """{op: predicted bytes per device per step that cross a process boundary}: each axis's
+    predicted bytes x the share of that axis's ring hops that join two processes."""
+    by_axis = predicted_by_axis(cfg, plan, batch_shape, sent)
+    if by_axis is None:
+        return None
+    share = axis_crossing_share(plan, device_process)
+    out: dict[str, float] = {}
+    for axis, ops in by_axis.items():
+        for op, v in ops.items():
+            if v * share[axis]:
+                out[op] = out.get(op, 0.0) + v * share[axis]
+    return out
 
 
 def run_abstract(cfg, plans: dict, devices, batch_size: int) -> list[dict]:
@@ -69,12 +171,14 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
         return cols, [[r["name"], r["mesh"], _gb(r["states_measured"]), _gb(r["states_predicted"]),
                        f"{r['rel_diff']:+.2%}", _gb(r["memory"]["temporaries"]),
                        _gb(r["grads_predicted"])] for r in result["rows"]]
+    cross = multiprocess(result)
     cols = ["strategy", "mesh", "max dloss", "ok", "states/dev", "pred", "temps", "sent/step",
-            "pred", "compile", "step (quartiles)", "x 1 dev", "idle: schedule/formula"]
+            "pred", *(["cross-proc/step", "pred"] if cross else []), "compile",
+            "step (quartiles)", "x 1 dev", "idle: schedule/formula"]
     rows = []
     for r in result["rows"]:
         if r["status"] != "ok":
-            rows.append([r["name"], r["mesh"], "-", "FAILED", *["-"] * 9])
+            rows.append([r["name"], r["mesh"], "-", "FAILED", *["-"] * (len(cols) - 4)])
             continue
         idle = (f"{r['idle_schedule']:.3f}/{r['idle_formula']:.3f}" if "idle_schedule" in r
                 else "-")
@@ -85,6 +189,8 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
                      "pass" if r["pass"] else "FAIL", _bytes(r["states_measured"]),
                      opt(r["states_predicted"]), _bytes(r["memory"]["temporaries"]),
                      _bytes(r["sent_total"]), opt(r["sent_predicted_total"]),
+                     *([opt(r.get("cross_total")), opt(r.get("cross_predicted_total"))]
+                       if cross else []),
                      f"{r['compile_s']:.1f} s {'(cache)' if r['compile_source'] == 'cache' else ''}"
                      .strip(), step, "-" if r["step_ratio"] is None else f"{r['step_ratio']:.2f}",
                      idle])
@@ -112,7 +218,16 @@ def notes(result: dict) -> list[str]:
     out.append(f"step times: median (quartiles) of the timed repeats; the {result['devices']} "
                f"forced CPU devices share this host's {result['cores']} cores, so ratios to "
                "one device measure overheads, not speed-ups")
+    if multiprocess(result):
+        out.append(CROSS_NOTE.format(processes=result.get("processes") or "several"))
     return out
+
+
+CROSS_NOTE = ("cross-proc/step: bytes per device per step that leave the process ({processes} "
+              "processes): ring hops between devices of two processes, from the HLO's replica "
+              "groups and the device-to-process map / predicted: each collective's predicted "
+              "bytes x the share of its axis's hops that cross, given the placement (tp "
+              "inside a process, then pp, dp across); '-': not modelled")
 
 
 def print_table(result: dict) -> None:
@@ -120,25 +235,30 @@ def print_table(result: dict) -> None:
     communication and time), then the notes."""
     from jaxscale.report import print_table as show
     cols, rows = table_rows(result)
-    title = (f"jaxscale compare: {result['model']} on {result['devices']} devices"
+    title = (f"jaxscale compare: {result['model']} on {_where(result)}"
              + (" (compiled only)" if result.get("abstract") else
                 f", {result['steps']} steps of {result['batch_size']} documents"))
     if result.get("abstract"):
         show(title, cols, rows)
         return
-    first = [0, 1, 2, 3, 4, 5, 6, 12]
+    last = len(cols) - 1  # the idle share
+    first = [0, 1, 2, 3, 4, 5, 6, last]
     show(title + " (bytes per device)", [cols[i] for i in first],
          [[row[i] for i in first] for row in rows])
-    second = [0, 7, 8, 9, 10, 11]
-    show("communication per device per step (measured in the HLO / predicted) and time",
-         [cols[i] for i in second], [[row[i] for i in second] for row in rows])
+    halves = ([[0, 7, 8, 9, 10], [0, 11, 12, 13]] if multiprocess(result)
+              else [[0, 7, 8, 9, 10, 11]])  # with cross-proc, time gets its own table
+    titles = (["communication per device per step (measured in the HLO / predicted)", "time"]
+              if len(halves) == 2 else
+              ["communication per device per step (measured in the HLO / predicted) and time"])
+    for part, name in zip(halves, titles):
+        show(name, [cols[i] for i in part], [[row[i] for i in part] for row in rows])
     for line in notes(result):
         print(line, file=sys.stderr)
 
 
 def markdown(result: dict) -> str:
     cols, rows = table_rows(result)
-    lines = [f"# jaxscale compare: {result['model']} on {result['devices']} devices", "",
+    lines = [f"# jaxscale compare: {result['model']} on {_where(result)}", "",
              "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += [""] + [f"- {line}" for line in notes(result)]
@@ -147,10 +267,26 @@ def markdown(result: dict) -> str:
         for r in result["rows"]:
             if r["status"] != "ok":
                 continue
-            pred = (r["predicted"] or {}).get("sent", {})
-            ops = sorted(set(r["sent"]) | set(pred))
-            lines.append(f"- {r['name']}: " + (", ".join(
-                f"{op} {r['sent'].get(op, 0):,.0f} / "
-                + (f"{pred.get(op, 0):,.0f}" if r["predicted"] else "not modelled")
-                for op in ops) or "none"))
+            pred = r["predicted"]["sent"] if r["predicted"] else None
+            lines.append(f"- {r['name']}: " + _by_op(r["sent"], pred))
+        if multiprocess(result):
+            lines += ["", "Of which cross a process boundary (measured / predicted):", ""]
+            lines += [f"- {r['name']}: " + ("not measured" if r.get("sent_cross_process") is None
+                                            else _by_op(r["sent_cross_process"],
+                                                        r.get("sent_cross_process_predicted")))
+                      for r in result["rows"] if r["status"] == "ok"]
     return "\n".join(lines) + "\n"
+
+
+def _where(result: dict) -> str:
+    """'8 devices', or '8 devices in 2 processes'."""
+    p = result.get("processes")
+    return f"{result['devices']} devices" + (f" in {p} processes" if p and p > 1 else "")
+
+
+def _by_op(measured: dict, predicted: dict | None) -> str:
+    """'all-reduce 215,264 / 215,264, ...' (predicted None: 'not modelled'), or 'none'."""
+    ops = sorted(set(measured) | set(predicted or {}))
+    return ", ".join(f"{op} {measured.get(op, 0):,.0f} / "
+                     + (f"{predicted.get(op, 0):,.0f}" if predicted is not None
+                        else "not modelled") for op in ops) or "none"
