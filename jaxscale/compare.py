@@ -106,7 +106,8 @@ def predictable(plan: Plan) -> bool:
 
 
 def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int]) -> dict:
-    """Predicted per-device model-state bytes and ring bytes sent per step (fp32, Adam).
+    """Predicted per-device model-state bytes and ring bytes sent per step (fp32, Adam);
+    "sent_by_axis" splits the bytes by the mesh axis each collective runs over.
 
     Modelled: dp, tp, pp, schedule, virtual, micro_batches, zero_stage; other plans are
     refused (see `predictable`)."""
@@ -120,34 +121,38 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
     act = b // plan.dp // plan.micro_batches * s * cfg.d_model * 4  # one micro-batch's x
     ring = lambda n, g: 2 * (g - 1) / g * n  # noqa: E731
     sent: dict[str, float] = {}
+    by_axis: dict[str, dict[str, float]] = {}
 
-    def add(op, v):
+    def add(op, v, axis):
         if v:
             sent[op] = sent.get(op, 0.0) + v
+            ops = by_axis.setdefault(axis, {})
+            ops[op] = ops.get(op, 0.0) + v
     grads = 4 * psi["total"]
     if z == 0:
-        add("all-reduce", ring(grads, k))
+        add("all-reduce", ring(grads, k), "dp")
     elif z in (1, 2):  # stage 2 reduce-scatters every micro-batch, stage 1 their sum
-        add("reduce-scatter", (plan.micro_batches if z == 2 else 1) * (k - 1) / k * grads)
-        add("all-gather", (k - 1) / k * grads)
+        add("reduce-scatter", (plan.micro_batches if z == 2 else 1) * (k - 1) / k * grads, "dp")
+        add("all-gather", (k - 1) / k * grads, "dp")
     else:
         from flax import nnx
 
         from jaxscale.parallel.zero import stage3_ring_bytes
         shapes = nnx.to_pure_dict(nnx.state(modellib.abstract(cfg), nnx.Param))
         census = stage3_ring_bytes(shapes, k, 4)
-        add("all-gather", census["all_gather"])
-        add("reduce-scatter", census["reduce_scatter"])
+        add("all-gather", census["all_gather"], "dp")
+        add("reduce-scatter", census["reduce_scatter"], "dp")
     layers_here = cfg.n_layers // plan.pp
     if plan.tp > 1:  # 2 all-reduces per layer forward, 2 backward (+2: a pipeline recomputes)
         per_micro = (6 if plan.pp > 1 else 4) * layers_here
-        add("all-reduce", ring(per_micro * plan.micro_batches * act, plan.tp))
+        add("all-reduce", ring(per_micro * plan.micro_batches * act, plan.tp), "tp")
     if plan.pp > 1:
         ticks = tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).ticks
-        add("collective-permute", 2 * ticks * act)
+        add("collective-permute", 2 * ticks * act, "pp")
         # the shared embeddings' and final LayerNorm's gradients (ZeRO: their dp slices)
-        add("all-reduce", ring(4 * psi["top"] / (k if z else 1), plan.pp))
-    return {"params_per_device": psi["total"], "states": states, "sent": sent}
+        add("all-reduce", ring(4 * psi["top"] / (k if z else 1), plan.pp), "pp")
+    return {"params_per_device": psi["total"], "states": states, "sent": sent,
+            "sent_by_axis": by_axis}
 
 
 def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices,
@@ -168,8 +173,8 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
     compiled, compile_s, source = measure.compile_timed(lowered)
     table = (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
              if plan.pp > 1 else None)
-    sent = measure.ring_bytes_by_op(lowered.as_text(dialect="hlo"),
-                                    table.branch_share() if table else None)
+    hlo, share = lowered.as_text(dialect="hlo"), table.branch_share() if table else None
+    sent = measure.ring_bytes_by_op(hlo, share)
     mem = measure.memory(compiled)
     losses = []
     for i in range(len(batches)):  # float() waits for each step: dispatch never runs ahead
@@ -188,8 +193,7 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
            "sent": sent}
     if jax.process_count() > 1 and step.mesh is not None:  # which bytes leave the process
         out["sent_cross_process"] = measure.ring_bytes_by_op(
-            lowered.as_text(dialect="hlo"), table.branch_share() if table else None,
-            device_process=distributed.device_process(step.mesh))
+            hlo, share, device_process=distributed.device_process(step.mesh))
     if keep_params:
         out["_final_params"] = distributed.named_host_arrays(step.full_params(state))
     if table is not None:  # the idle share of the schedule the executor runs (unit ticks)

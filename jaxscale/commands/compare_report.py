@@ -80,32 +80,16 @@ def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, floa
 
 def predicted_by_axis(cfg, plan: dict, batch_shape: tuple[int, int],
                       sent: dict[str, float]) -> dict[str, dict[str, float]] | None:
-    """compare.predict's bytes per collective, split by the mesh axis each runs over:
-    ZeRO's reduce-scatter and all-gather over dp, the pipeline's permutes over pp, and the
-    all-reduce in three terms (dp's gradients without ZeRO, tp's activations, pp's shared
-    embedding gradients), the same closed forms as `predict`. None if the terms do not add
-    up to `sent` (predict changed: better no prediction than a wrong one)."""
-    from jaxscale.compare import params_per_device
+    """compare.predict's bytes per collective, split by the mesh axis each runs over
+    (its "sent_by_axis"). None if predict's total is not `sent`, the prediction the row
+    recorded (predict changed since: better no prediction than a wrong one)."""
+    from jaxscale.compare import predict
     from jaxscale.parallel.plan import Plan
-    pl = Plan(**plan)
-    psi = params_per_device(cfg, pl)
-    k, z, m = pl.dp, pl.zero_stage, pl.micro_batches
-    ring = lambda n, g: 2 * (g - 1) / g * n  # noqa: E731
-    b, s = batch_shape
-    act = b // k // m * s * cfg.d_model * 4
-    reduce = {"dp": ring(4 * psi["total"], k) if z == 0 else 0.0,
-              "tp": ring((6 if pl.pp > 1 else 4) * cfg.n_layers // pl.pp * m * act, pl.tp),
-              "pp": ring(4 * psi["top"] / (k if z else 1), pl.pp) if pl.pp > 1 else 0.0}
-    total = sent.get("all-reduce", 0.0)
-    if abs(sum(reduce.values()) - total) > 1e-6 * max(total, 1.0):
+    pred = predict(cfg, Plan(**plan), batch_shape)
+    if set(pred["sent"]) != set(sent) or any(
+            abs(pred["sent"][op] - v) > 1e-6 * max(v, 1.0) for op, v in sent.items()):
         return None
-    out = {"dp": {op: sent[op] for op in ("reduce-scatter", "all-gather") if op in sent},
-           "pp": {op: sent[op] for op in ("collective-permute",) if op in sent}, "tp": {}}
-    for axis, v in reduce.items():
-        if v:
-            out[axis]["all-reduce"] = v
-    known = {"all-reduce", "reduce-scatter", "all-gather", "collective-permute"}
-    return None if set(sent) - known else out
+    return pred["sent_by_axis"]
 
 
 def predict_cross_process(cfg, plan: dict, batch_shape, device_process: list[int],
