@@ -121,7 +121,7 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     graphdef, params, _ = init_state(TrainConfig(seed=SEED))  # the same on every process
     corpus = garden.make_corpus(SEED, N_DOCS, 8, cfg.seq_len)
     mesh = make_mesh(f"dp={k}")  # process by process: process 0's devices first
-    batches = StepBatches(corpus.train, batch_size, cfg.seq_len, SEED)
+    batches = StepBatches(corpus.train, batch_size, cfg.seq_len, SEED, record=True)
     batch = batches.place(0, NamedSharding(mesh, P(AXIS)))  # builds only this process's rows
 
     # a. DDP: replicated parameters, local gradients, one psum over dp (across processes)

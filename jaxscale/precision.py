@@ -207,6 +207,28 @@ class Replicated:
     def norm(self, tree):
         return optax.tree.norm(tree)
 
+    # The canonical form (jaxscale.parallel.canonical): whole tensors in the model's own
+    # layer order, whatever the plan. A layout that stores a tensor otherwise converts it
+    # here, one tensor at a time, on global arrays under jit: the working parameters
+    # (`params_*`) and the optimizer's copy (`copy_*`: master weights and every
+    # parameter-shaped leaf of the optimizer state). `info` is the tensor's ParamInfo.
+    def canonical_spec(self, info):
+        """The PartitionSpec of a whole tensor this layout converts from and to on its own
+        devices; None: spread it over all devices (parallel.canonical.canonical_sharding)."""
+        return None
+
+    def params_to_canonical(self, x, info):
+        return x
+
+    def params_from_canonical(self, x, info):
+        return x
+
+    def copy_to_canonical(self, x, info):
+        return x
+
+    def copy_from_canonical(self, x, info):
+        return x
+
 
 def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
               batch_factor: float | jax.Array = 1.0, grad_fn=None, jit: bool = True,

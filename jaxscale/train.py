@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 
 from jaxscale import distributed, garden, model as modellib, optim, precision
+from jaxscale.checkpoint import Checkpointer, CheckpointOptions
 from jaxscale.data.sampler import StepBatches
 from jaxscale.loss import loss_fn, nll_and_count  # noqa: F401  (re-exported)
 from jaxscale.parallel.plan import Plan, build_train_step
@@ -191,6 +192,8 @@ class TrainResult:
     reached_gap_at_s: float | None  # wall seconds from start of training to val gap <= stop_gap
     nonfinite_step: int | None = None  # the step whose loss was NaN or inf; training stopped
     interrupted: bool = False  # Ctrl-C: the steps that ran, no final validation
+    halted: bool = False  # stopped by halt_after (as if interrupted; the checkpoint resumes it)
+    resumed_from: int | None = None  # the checkpoint step this run continued from
 
     @property
     def gap(self) -> float:
@@ -227,8 +230,14 @@ def init_state(cfg: TrainConfig):
 
 
 def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = True,
-          log=None) -> TrainResult:
+          log=None, checkpoint: CheckpointOptions | None = None,
+          halt_after: int | None = None) -> TrainResult:
     """Train on the garden corpus; write metrics.jsonl, loss_curve.png, result.json into out_dir.
+
+    `checkpoint` saves the state every so many steps (and at the last) and, with resume,
+    continues from the latest complete checkpoint under this config's plan, whichever plan
+    wrote it (jaxscale.checkpoint); `halt_after` stops after that step as if interrupted,
+    keeping the schedule of all cfg.steps, so that a later run can resume it.
 
     Under several processes (jax.distributed) every process runs this loop over one global
     mesh, each building only its own rows of every batch (data.sampler); only process 0
@@ -243,34 +252,50 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     floor = corpus.entropy_floor
     val_batches = corpus.val_batches(cfg.batch_size * 4)
     graphdef, params, optimizer = init_state(cfg)
-    init_fn, step_fn = build_train_step(mcfg, cfg.plan(), optimizer)
-    state, eval_fn = init_fn(params), make_eval_step(graphdef)
+    plan = cfg.plan()
+    init_fn, step_fn = build_train_step(mcfg, plan, optimizer)
+    eval_fn = make_eval_step(graphdef)
     whole = step_fn.full_params  # whole parameters for evaluation, from any layout
     main = distributed.is_main()  # one voice: only process 0 prints and writes
     progress = progress and main
+    batches = StepBatches(corpus.train, cfg.batch_size, mcfg.seq_len, cfg.seed)
+    losses, norms, val_curve = [], [], []
+    tokens = start = 0
+    ckpt = None if checkpoint is None else Checkpointer(checkpoint, log if main else None)
+    if ckpt is not None and checkpoint.resume:
+        start, canonical, meta = ckpt.restore(step_fn.canonical, asdict(cfg))
+        state = step_fn.canonical.from_canonical(canonical)  # resharded into this plan
+        done = meta["metrics"]
+        losses, norms, tokens = done["loss_curve"], done["grad_norms"], done["tokens_seen"]
+        val_curve = [tuple(v) for v in done["val_curve"]]
+        if log and main:
+            log(f"resumed from {ckpt.directory / str(start)} (saved under "
+                f"{meta['plan_layout']} on {meta['processes']} process(es)), now under "
+                f"{plan.layout()}", "note")
+    else:
+        state = init_fn(params)
     out = Path(out_dir) if out_dir is not None and main else None
     jsonl = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        jsonl = open(out / "metrics.jsonl", "w")
+        jsonl = _open_metrics(out / "metrics.jsonl", start)
 
-    batches = StepBatches(corpus.train, cfg.batch_size, mcfg.seq_len, cfg.seed)
-    losses, norms, val_curve = [], [], []
-    tokens = 0
     schedule = lr_schedule(cfg)
     bar = Progress(cfg.steps, progress, label="train")
+    if start:
+        bar.update(start, f"resumed at step {start}")
     t_start = time.perf_counter()
     compile_s, reached_at, norm_median = 0.0, None, None
-    nonfinite_at, interrupted = None, False
+    nonfinite_at, interrupted, halted, tokens_before = None, False, False, tokens
     try:
-        for step in range(1, cfg.steps + 1):
+        for step in range(start + 1, cfg.steps + 1):
             batch = batches.place(step - 1, step_fn.batch_sharding)  # this process's rows
             n_tokens = batches.n_tokens(step - 1)
             t0 = time.perf_counter()
             state, m = step_fn(state, batch)
             m = jax.device_get(m)  # waits for the step; one transfer for all metrics
             loss, gnorm = float(m["loss"]), float(m["grad_norm"])
-            if step == 1:
+            if step == start + 1:
                 compile_s = time.perf_counter() - t0
             losses.append(loss)
             norms.append(gnorm)
@@ -295,20 +320,29 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             if jsonl is not None:
                 jsonl.write(json.dumps(_json_ready(record)) + "\n")
             elapsed = time.perf_counter() - t_start - compile_s
-            rate = tokens / elapsed if elapsed > 0 and step > 1 else 0.0
+            rate = (tokens - tokens_before) / elapsed if elapsed > 0 and step > start + 1 else 0.0
             gap_txt = f" gap {val_curve[-1][1] - floor:.3f}" if val_curve else ""
             bar.update(step, f"loss {loss:.3f}{gap_txt} | {rate:,.0f} tok/s")
-            if distributed.agree(reached_at is not None or nonfinite_at is not None):
-                break  # process 0's decision, so that every process stops at this step
+            # process 0's decision, so that every process stops at this step
+            stop = distributed.agree(reached_at is not None or nonfinite_at is not None)
+            halted = not stop and halt_after is not None and step >= halt_after
+            if (ckpt is not None and nonfinite_at is None
+                    and ckpt.due(step, last=stop or halted or step == cfg.steps)):
+                ckpt.save(step, step_fn.canonical.to_canonical(state), _checkpoint_meta(
+                    cfg, plan, batches.position(step), losses, norms, val_curve, tokens))
+            if stop or halted:
+                break
     except KeyboardInterrupt:  # Ctrl-C: keep what ran, write it below, then stop the caller
         interrupted = True
     finally:
         bar.close()
         if jsonl is not None:
             jsonl.close()
+        if ckpt is not None:
+            ckpt.close()  # an asynchronous save in flight is finished, not dropped
     train_s = time.perf_counter() - t_start
     # a final validation, unless the parameters are NaN or the user asked to stop now
-    if (not interrupted and nonfinite_at is None
+    if (not interrupted and not halted and nonfinite_at is None
             and (not val_curve or val_curve[-1][0] != len(losses))):
         val_curve.append((len(losses), evaluate(eval_fn, whole(state), val_batches)))
     result = TrainResult(
@@ -316,9 +350,10 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
         loss_curve=losses, grad_norms=norms, val_curve=val_curve,
         val_loss=val_curve[-1][1] if val_curve else math.nan,
         steps_run=len(losses), tokens_seen=tokens, compile_s=compile_s, train_s=train_s,
-        tokens_per_s=tokens / max(train_s - compile_s, 1e-9),
+        tokens_per_s=(tokens - tokens_before) / max(train_s - compile_s, 1e-9),
         loss_scale=float(state.loss_scale), skipped_steps=int(state.skipped),
-        reached_gap_at_s=reached_at, nonfinite_step=nonfinite_at, interrupted=interrupted)
+        reached_gap_at_s=reached_at, nonfinite_step=nonfinite_at, interrupted=interrupted,
+        halted=halted, resumed_from=start or None)
     if out is not None:
         if not interrupted and any(map(math.isfinite, losses)):
             plot_loss_curve(result, out / "loss_curve.png")
@@ -326,3 +361,32 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     if interrupted:
         raise TrainInterrupted(result)
     return result
+
+
+def _open_metrics(path: Path, start: int):
+    """metrics.jsonl for writing; resuming at `start`, the lines of steps 1..start that a
+    run wrote here before are kept (a later step's line, from a run that went on past its
+    last checkpoint, is dropped: those steps run again)."""
+    kept = []
+    if start and path.exists():
+        kept = [line for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= start]
+    f = open(path, "w")
+    f.writelines(line + "\n" for line in kept)
+    return f
+
+
+def _checkpoint_meta(cfg: TrainConfig, plan: Plan, samples_seen: int, losses, norms,
+                     val_curve, tokens) -> dict:
+    """The JSON beside a checkpoint's tensors: the run, its plan, the data position (the
+    global sample index: mesh-independent) and the metrics so far."""
+    return _json_ready({
+        "config": asdict(cfg), "plan": plan.as_dict(), "plan_layout": plan.layout(),
+        "model": asdict(modellib.preset(cfg.model)),
+        "data": {"samples_seen": samples_seen, "batch_size": cfg.batch_size,
+                 "order": "garden shuffle of (seed, epoch) per epoch (data.sampler)"},
+        "random": "the seed alone: batch order is a function of (seed, sample index), and "
+                  "the model has no dropout",
+        "metrics": {"loss_curve": list(losses), "grad_norms": list(norms),
+                    "val_curve": [list(v) for v in val_curve], "tokens_seen": tokens},
+        "processes": jax.process_count(), "devices": plan.n_devices})

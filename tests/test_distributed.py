@@ -124,7 +124,7 @@ def test_the_data_position_is_a_global_sample_index_whatever_the_batch():
 
 def test_a_placed_batch_equals_the_whole_batch_bit_for_bit(devices):
     corpus = garden.make_corpus(0)
-    data = StepBatches(corpus.train, 32, 64, seed=1)
+    data = StepBatches(corpus.train, 32, 64, seed=1, record=True)
     whole = garden.make_batch([corpus.train[i] for i in data.sampler.docs(64, 96)], 64)
     mesh = make_mesh("dp=4,tp=2", devices)
     sharding = NamedSharding(mesh, P("dp"))
@@ -148,7 +148,7 @@ class _Sharding:
 
 
 def test_a_process_builds_only_the_rows_its_devices_hold():
-    data = StepBatches(garden.make_corpus(0).train, 32, 64, seed=1)
+    data = StepBatches(garden.make_corpus(0).train, 32, 64, seed=1, record=True)
     assert rows_held(_Sharding([(16, 24), (24, 32)]), 32) == (16, 32)
     assert rows_held(_Sharding([(8, 16), (8, 16)]), 32) == (8, 16)  # tp replicas: once
     data.rows(5, 16, 32)

@@ -65,3 +65,25 @@ def test_bad_parts(tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["--parts", "xyz", "--out", str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_failures_experiment_measured_delta(tmp_path, capsys):
+    """Part d: delta measured by a real save of the tiny model, Young's interval from it."""
+    from experiments.failures import main
+    res = _run(main, tmp_path, capsys, "d")
+    d = res["d"]
+    m = d["mtbf_minutes"]
+    assert d["devices"] == 1024 and m == pytest.approx(50_000 / 1024 * 60)
+    rows = {r["source"]: r for r in d["rows"]}
+    assert rows["lecture"]["save_minutes"] == 10 and round(rows["lecture"]["young_interval_minutes"]) == 242
+    sync, lazy = rows["measured sync"], rows["measured async"]
+    assert sync["save_seconds"] == d["measured"]["sync"]["blocked_s"] > 0
+    assert lazy["save_seconds"] == d["measured"]["async"]["blocked_s"] > 0
+    assert lazy["write_seconds"] == d["measured"]["async"]["background_s"] >= 0
+    for r in d["rows"]:
+        assert r["save_minutes"] == pytest.approx(r["save_seconds"] / 60)
+        assert r["young_interval_minutes"] == pytest.approx(math.sqrt(2 * r["save_minutes"] * m))
+        assert r["young_interval_seconds"] == pytest.approx(60 * r["young_interval_minutes"])
+    assert sync["young_interval_minutes"] < rows["lecture"]["young_interval_minutes"]
+    assert d["measured"]["state_bytes"] > 0
+    assert list(tmp_path.iterdir()) == [tmp_path / "results.json"]  # the checkpoints are gone

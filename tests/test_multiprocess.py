@@ -83,7 +83,7 @@ from jaxscale.data.sampler import StepBatches
 from jaxscale.devices import make_mesh
 from jax.experimental import multihost_utils
 D.start(D.Cluster(f"127.0.0.1:{sys.argv[2]}", 2, int(sys.argv[1]), 5, 10), 4)
-data = StepBatches(garden.make_corpus(0).train, 16, 64, seed=3)
+data = StepBatches(garden.make_corpus(0).train, 16, 64, seed=3, record=True)
 mesh = make_mesh("dp=4")
 placed = data.place(5, NamedSharding(mesh, P("dp")))
 whole = multihost_utils.process_allgather(placed["tokens"], tiled=True)

@@ -19,7 +19,7 @@ from jaxscale.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CALCULATORS = {"memory", "comm", "failures", "plan", "schedule"}
-FILE_OPTIONS = {"--png", "--out"}
+FILE_OPTIONS = {"--png", "--out", "--checkpoint-dir"}
 
 
 def readme_commands() -> list[tuple[list[str], str]]:
@@ -86,8 +86,33 @@ class _Stop(Exception):
     pass
 
 
+def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
+    """What a --resume line needs: the same line without --resume, saving a real step-0
+    checkpoint of its config (from one device: checkpoints do not depend on the plan)."""
+    from dataclasses import replace
+
+    from jaxscale.checkpoint import Checkpointer
+    from jaxscale.model import preset
+    from jaxscale.parallel.plan import Plan, build_train_step
+
+    def save(cfg, checkpoint=None, **kwargs):
+        _, params, optimizer = train_module.init_state(cfg)
+        init, step = build_train_step(preset(cfg.model), Plan(precision=cfg.precision),
+                                      optimizer, train_module.jax.devices()[:1])
+        with Checkpointer(replace(checkpoint, resume=False)) as ckpt:
+            ckpt.save(0, step.canonical.to_canonical(init(params)),
+                      train_module._checkpoint_meta(cfg, cfg.plan(), 0, [], [], [], 0))
+        raise _Stop
+
+    monkeypatch.setattr(train_module, "train", save)
+    with pytest.raises(_Stop):
+        main(_to_tmp([a for a in argv if a != "--resume"], tmp_path))
+
+
 @pytest.mark.parametrize("argv", TRAIN_LINES, ids=[_ids(a) for a in TRAIN_LINES])
 def test_train_line_gets_to_the_training_loop(tmp_path, monkeypatch, argv):
+    if "--resume" in argv:
+        _save_a_checkpoint_as(argv, tmp_path, monkeypatch)
     configs = []
 
     def stop(cfg, **kwargs):

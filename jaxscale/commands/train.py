@@ -76,8 +76,49 @@ def register(subparsers) -> None:
                         "recompute the block in backward); matmuls (keep matmul outputs)")
     t.add_argument("--precision", default=d.precision, choices=list(POLICIES), metavar="POLICY",
                    help="number formats: " + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items()))
+    c = t.add_argument_group("checkpoints", "save the whole training state (Orbax, in a "
+                             "plan-independent form) and resume it, under any plan")
+    c.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="directory of the run's checkpoints, one sub-directory per step")
+    c.add_argument("--checkpoint-every", type=_number(), default=None, metavar="N",
+                   help="save every N steps and at the last step (needs --checkpoint-dir)")
+    c.add_argument("--keep", type=_number(), default=3, metavar="K",
+                   help="complete checkpoints to keep, the oldest deleted first (default 3)")
+    c.add_argument("--async-checkpoint", action="store_true",
+                   help="write checkpoints in the background: training waits only for the "
+                        "copy to host memory")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from the latest complete checkpoint in --checkpoint-dir; "
+                        "--mesh, --zero, --devices, --micro-batches, --schedule may differ "
+                        "from the run that saved it (the state is resharded)")
+    c.add_argument("--accept-lr-change", action="store_true",
+                   help="resume although --lr differs from the checkpoint's (the new "
+                        "learning rate applies from here on)")
+    c.add_argument("--halt-after", type=_number(), default=None, metavar="N",
+                   help="stop after step N as if interrupted, keeping the schedule of all "
+                        "--steps (save with --checkpoint-every; continue with --resume)")
     distributed.add_arguments(t)
     t.set_defaults(run=run)
+
+
+def _checkpoint_options(args):
+    """The checkpoint options, validated before anything is written (CheckpointError)."""
+    from jaxscale.checkpoint import CheckpointError, CheckpointOptions
+
+    wants = args.checkpoint_every is not None or args.resume or args.async_checkpoint
+    if args.checkpoint_dir is None:
+        if wants:
+            raise CheckpointError("--checkpoint-every, --resume and --async-checkpoint need "
+                                  "--checkpoint-dir DIR")
+        return None
+    if args.checkpoint_every is None and not args.resume:
+        raise CheckpointError("--checkpoint-dir needs --checkpoint-every N (to save) or "
+                              "--resume (to continue), or both")
+    options = CheckpointOptions(args.checkpoint_dir, every=args.checkpoint_every,
+                                keep=args.keep, async_save=args.async_checkpoint,
+                                resume=args.resume, accept_lr_change=args.accept_lr_change)
+    options.validate()
+    return options
 
 
 def _setup_devices(args):
@@ -104,9 +145,10 @@ def run(args) -> int:
 
     import jax
 
+    from jaxscale.checkpoint import CheckpointWriteError
     from jaxscale.distributed import is_main
     from jaxscale.report import plural
-    from jaxscale.train import TrainConfig, TrainInterrupted, train
+    from jaxscale.train import TrainConfig, TrainConfigError, TrainInterrupted, train
 
     several = args.num_processes is not None and args.num_processes > 1
     if args.mesh is None and several and args.devices is not None:
@@ -119,18 +161,30 @@ def run(args) -> int:
                       remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
                       virtual=args.virtual or (2 if args.schedule == "interleaved" else 1))
     cfg.validate()
+    if args.halt_after is not None and args.halt_after >= cfg.steps:
+        raise TrainConfigError(f"--halt-after {args.halt_after} must be below --steps "
+                               f"{cfg.steps}; it stops the run early")
+    checkpoint = _checkpoint_options(args)
+    if checkpoint is not None and checkpoint.resume:
+        from jaxscale.checkpoint import check_resumable
+        check_resumable(checkpoint.directory, dataclasses.asdict(cfg),
+                        checkpoint.accept_lr_change)
     _setup_devices(args)
     if args.mesh is None and jax.process_count() > 1:  # a cluster's own devices: dp over all
         cfg = dataclasses.replace(cfg, mesh=f"dp={jax.device_count()}")
         cfg.validate()
     enable_compilation_cache()
 
-    def log(msg):
-        print(f"jaxscale: warning: {msg}", file=sys.stderr)
+    def log(msg, kind="warning"):
+        print(f"jaxscale: {kind}: {msg}", file=sys.stderr)
 
     main = is_main()  # several processes: only process 0 prints
     try:
-        result = train(cfg, out_dir=args.out, progress=not args.json, log=log)
+        result = train(cfg, out_dir=args.out, progress=not args.json, log=log,
+                       checkpoint=checkpoint, halt_after=args.halt_after)
+    except CheckpointWriteError as e:
+        _error(str(e))
+        return EXIT_FAILED
     except TrainInterrupted as e:
         if not main:
             return EXIT_INTERRUPTED
@@ -183,6 +237,11 @@ def _print_summary(r, out) -> None:
     ]
     if r.reached_gap_at_s is not None:
         rows.append((f"reached gap <= {r.config['stop_gap']}", f"after {r.reached_gap_at_s:.1f} s"))
+    if r.resumed_from is not None:
+        rows.append(("resumed", f"from the checkpoint of step {r.resumed_from:,}"))
+    if r.halted:
+        rows.append(("halted", f"after step {r.steps_run:,} of {r.config['steps']:,} "
+                               "(--halt-after); continue with --resume"))
     for k, v in rows:
         table.add_row(k, v)
     Console().print(table)

@@ -59,14 +59,16 @@ def rows_held(sharding, batch_size: int) -> tuple[int, int]:
 
 class StepBatches:
     """The batches of a run: `place(step, sharding)` gives step's batch as global arrays
-    (rows on the dp axis), this process building only the rows it holds; `touched` lists
-    the global sample indices it built (a test reads it)."""
+    (rows on the dp axis), this process building only the rows it holds. With
+    `record=True`, `touched` lists the global sample indices it built (tests read it; a
+    training run does not keep a list that grows every step)."""
 
-    def __init__(self, docs, batch_size: int, seq_len: int, seed: int, steps: int | None = None):
+    def __init__(self, docs, batch_size: int, seq_len: int, seed: int, steps: int | None = None,
+                 record: bool = False):
         self.docs, self.batch_size, self.seq_len = docs, int(batch_size), int(seq_len)
         self.sampler = Sampler(len(docs), seed)
         self.steps = steps  # len(): how many steps there are (None: endless)
-        self.touched: list[int] = []
+        self.touched: list[int] | None = [] if record else None
 
     def __len__(self) -> int:
         if self.steps is None:
@@ -87,7 +89,8 @@ class StepBatches:
     def rows(self, step: int, lo: int, hi: int) -> dict[str, np.ndarray]:
         """Rows lo .. hi-1 of step's batch, padded and masked (garden.make_batch)."""
         start = self.position(step)
-        self.touched.extend(range(start + lo, start + hi))
+        if self.touched is not None:
+            self.touched.extend(range(start + lo, start + hi))
         b = make_batch([self.docs[i] for i in self.sampler.docs(start + lo, start + hi)],
                        self.seq_len)
         return {"tokens": b.tokens, "targets": b.targets, "mask": b.mask}

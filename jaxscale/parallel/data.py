@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale import devices as devlib, precision
 from jaxscale.loss import nll_and_count
+from jaxscale.parallel.canonical import Canonical
 
 AXIS = "dp"
 
@@ -82,10 +83,12 @@ class ShardedStep:
     """step(state, batch) -> (state, metrics), what every Plan's builder returns: puts the
     batch's rows on the dp axis (`place_batch`; one device: `mesh` None), then runs
     `jitted`, the compiled program (lower it to read its HLO). `full_params(state)` gives
-    whole parameters (ZeRO-3 and tp/pp layouts pass their own: they store shards)."""
+    whole parameters (ZeRO-3 and tp/pp layouts pass their own: they store shards);
+    `canonical` converts the whole state to and from the plan-independent form that
+    checkpoints hold (jaxscale.parallel.canonical)."""
 
-    def __init__(self, mesh, jitted, full_params=None):
-        self.mesh, self.jitted = mesh, jitted
+    def __init__(self, mesh, jitted, full_params=None, canonical=None):
+        self.mesh, self.jitted, self.canonical = mesh, jitted, canonical
         self.full_params = full_params or (lambda state: state.params)
         self.batch_sharding = None if mesh is None else NamedSharding(mesh, P(AXIS))
 
@@ -97,7 +100,8 @@ class ShardedStep:
         return self.jitted(state, self.place_batch(batch))
 
 
-def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, devices=None):
+def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes,
+                        devices=None):
     """(init, step) for a Plan with dp >= 1 (and micro-batches): see the module docstring."""
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = devlib.make_mesh(plan.mesh_shape, devices)
@@ -105,12 +109,14 @@ def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, device
                                  grad_fn=dp_value_and_grad(graphdef, plan.micro_batches))
     compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(P(), P(AXIS)),
                                      out_specs=(P(), P())))
+    replicated = NamedSharding(mesh, P())
 
     def init(params32):
         state = precision.init_state(params32, optimizer, pol)
-        return jax.device_put(state, NamedSharding(mesh, P()))  # replicated on every device
+        return jax.device_put(state, replicated)  # replicated on every device
 
-    return init, ShardedStep(mesh, compiled)
+    canonical = Canonical(precision.Replicated(), optimizer, pol, shapes, mesh, replicated)
+    return init, ShardedStep(mesh, compiled, canonical=canonical)
 
 
 def replicas_identical(tree) -> bool:

@@ -25,6 +25,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale import devices as devlib, model as modellib, precision
+from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel.data import AXIS, ShardedStep, accumulated_value_and_grad
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
 from jaxscale.parallel.zero import ZeroLayout, check_elementwise
@@ -47,11 +48,43 @@ def layer_order(n_layers: int, pp: int, v: int) -> list[int]:
     return [(c * pp + s) * per + i for s in range(pp) for c in range(v) for i in range(per)]
 
 
-class MeshLayout(precision.Replicated):
+def _reorder(x, info, perm):
+    """A stacked (block) tensor's layers in the order `perm` (None: as they are)."""
+    return x[jnp.asarray(perm)] if info.stacked and perm is not None else x
+
+
+class HybridCanonical:
+    """The canonical form of the tp/pp layouts: whole tensors sharded as the plan shards the
+    parameters (`canonical_spec`: a restore reads each device's shard straight from disk),
+    with the blocks' layers permuted back from the interleaved order (`layer_order`)."""
+
+    def __init__(self, order):
+        identity = list(order) == sorted(order)
+        self.order = None if identity else list(order)
+        self.inverse = None if identity else [order.index(i) for i in range(len(order))]
+
+    def canonical_spec(self, info):
+        return P(*info.spec)
+
+    def params_to_canonical(self, x, info):
+        return _reorder(x, info, self.inverse)
+
+    def params_from_canonical(self, x, info):
+        return _reorder(x, info, self.order)
+
+
+class MeshLayout(HybridCanonical, precision.Replicated):
     """The optimizer works on each device's shards; reductions know which axes split what."""
 
-    def __init__(self, specs, axes):
+    def __init__(self, specs, axes, order):
+        HybridCanonical.__init__(self, order)
         self.specs, self.axes = specs, axes  # axes: the mesh axes of size > 1 besides dp
+
+    def copy_to_canonical(self, x, info):  # the optimizer's copy is sharded like the params
+        return self.params_to_canonical(x, info)
+
+    def copy_from_canonical(self, x, info):
+        return self.params_from_canonical(x, info)
 
     def all_finite(self, flag):
         if not self.axes:
@@ -69,12 +102,42 @@ class MeshLayout(precision.Replicated):
         return jnp.sqrt(sum(jax.tree.leaves(jax.tree.map(sq, tree, self.specs))))
 
 
-class ZeroMeshLayout(ZeroLayout):
-    """ZeRO-1 over dp on each device's tp/pp shards (`shapes`: the LOCAL shard shapes)."""
+class ZeroMeshLayout(HybridCanonical, ZeroLayout):
+    """ZeRO-1 over dp on each device's tp/pp shards (`shapes`: the LOCAL shard shapes).
 
-    def __init__(self, local_shapes, dp: int, specs, axes):
-        super().__init__(local_shapes, dp, stage=1)
-        self.specs, self.axes = specs, axes
+    The optimizer's copy of a tensor is, on each device, a dp slice of its own tp/pp shard
+    flattened and padded. The canonical conversion undoes that on each device's shard:
+    gather the dp slices, drop the padding, reshape (and the reverse on restore); what is
+    left is a whole tensor sharded as the plan shards the parameters.
+    """
+
+    def __init__(self, local_shapes, dp: int, specs, axes, order, mesh):
+        ZeroLayout.__init__(self, local_shapes, dp, stage=1)
+        HybridCanonical.__init__(self, order)
+        self.specs, self.axes, self.mesh = specs, axes, mesh
+
+    def _local_shape(self, info):
+        spec = info.spec + (None,) * (len(info.shape) - len(info.spec))
+        return tuple(d // (self.mesh.shape[a] if a else 1) for d, a in zip(info.shape, spec))
+
+    def copy_to_canonical(self, f, info):
+        shape = self._local_shape(info)
+
+        def shard(s):  # my dp slice of my shard's flat copy -> my whole shard
+            flat = lax.all_gather(s, AXIS, axis=s.ndim - 1, tiled=True, to="invarying")
+            return self.whole(flat, shape)
+        x = jax.shard_map(shard, mesh=self.mesh, in_specs=_flat_spec(P(*info.spec), info.stacked),
+                          out_specs=P(*info.spec))(f)
+        return self.params_to_canonical(x, info)
+
+    def copy_from_canonical(self, x, info):
+        def shard(w):  # my whole shard -> my dp slice of its flat copy
+            flat = self.flat(w, info.stacked)
+            c = flat.shape[-1] // self.k
+            return lax.dynamic_slice_in_dim(flat, lax.axis_index(AXIS) * c, c, axis=-1)
+        return jax.shard_map(shard, mesh=self.mesh, in_specs=P(*info.spec),
+                             out_specs=_flat_spec(P(*info.spec), info.stacked))(
+            self.params_from_canonical(x, info))
 
     def all_finite(self, flag):
         axes = (AXIS, *self.axes)
@@ -137,7 +200,8 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
     check_elementwise(jax.eval_shape(optimizer.init, shapes), shapes,
                       who="tensor/pipeline parallelism")
     if plan.zero_stage:
-        layout = ZeroMeshLayout(_local_shapes(shapes, specs, plan), plan.dp, specs, axes)
+        layout = ZeroMeshLayout(_local_shapes(shapes, specs, plan), plan.dp, specs, axes,
+                                order, mesh)
         reduce_dp = lambda g: jax.tree.map(  # noqa: E731  the reduce-scatter to my slice
             lambda f: lax.psum_scatter(f, AXIS, scatter_dimension=f.ndim - 1, tiled=True),
             layout.flatten(g))
@@ -145,7 +209,7 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
             lambda path, sp: _flat_spec(sp, getattr(path[0], "key", None) == "blocks"),
             specs, is_leaf=is_spec)
     else:
-        layout, reduce_dp, flat_specs = MeshLayout(specs, axes), None, specs
+        layout, reduce_dp, flat_specs = MeshLayout(specs, axes, order), None, specs
     if plan.pp > 1:
         shared = jax.tree.map(lambda s: "pp" not in s, specs, is_leaf=is_spec)
         grad_fn = pipeline_value_and_grad(plan, tick_table(plan.schedule, plan.pp,
@@ -183,5 +247,7 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
 
     compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(state_specs, P(AXIS)),
                                      out_specs=(state_specs, P())))
+    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
     return init, ShardedStep(mesh, compiled,
-                             jax.jit(lambda state: arrange(state.params, inverse)))
+                             jax.jit(lambda state: arrange(state.params, inverse)),
+                             Canonical(layout, optimizer, pol, shapes, mesh, shardings, specs))

@@ -148,18 +148,20 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     plan.validate()
     graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat))
     pol = precision.policy(plan.precision)
+    abstract = modellib.abstract(model_cfg)
+    shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
     if plan.tp > 1 or plan.pp > 1:
         from jaxscale.parallel.hybrid import build_hybrid
-        abstract = modellib.abstract(model_cfg)
-        shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
         return build_hybrid(model_cfg, graphdef, plan, optimizer, pol, shapes,
                             modellib.logical_axes(abstract), devices)
     if plan.zero_stage:
         from jaxscale.parallel.zero import build_zero
-        shapes = nnx.to_pure_dict(nnx.state(modellib.abstract(model_cfg), nnx.Param))
         return build_zero(graphdef, plan, optimizer, pol, shapes, devices)
     from jaxscale.parallel.data import ShardedStep, build_data_parallel
     if plan.n_devices == 1 and plan.micro_batches == 1:  # the reference: a plain jit
-        step = ShardedStep(None, precision.make_step(graphdef, optimizer, pol))
+        from jaxscale.parallel.canonical import Canonical
+        canonical = Canonical(precision.Replicated(), optimizer, pol, shapes, None)
+        step = ShardedStep(None, precision.make_step(graphdef, optimizer, pol),
+                           canonical=canonical)
         return (lambda params32: precision.init_state(params32, optimizer, pol)), step
-    return build_data_parallel(graphdef, plan, optimizer, pol, devices)
+    return build_data_parallel(graphdef, plan, optimizer, pol, shapes, devices)

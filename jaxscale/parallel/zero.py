@@ -42,6 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale import devices as devlib, model as modellib, precision
 from jaxscale.loss import logits_nll_and_count, nll_and_count
+from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel.data import AXIS, ShardedStep, accumulated_value_and_grad
 
 STACKED = "blocks"  # the parameter subtree whose leaves carry a leading layers axis
@@ -67,18 +68,47 @@ class ZeroLayout(precision.Replicated):
 
     def flatten(self, tree):
         """Whole tensors -> [K*c] vectors, or [L, K*c] for block parameters (zero-padded)."""
-        def flat(path, x):
-            rows = x.reshape(x.shape[0], -1) if _is_stacked(path) else x.reshape(-1)
-            n = rows.shape[-1]
-            return jnp.pad(rows, [(0, 0)] * (rows.ndim - 1) + [(0, _padded(n, self.k) - n)])
-        return jax.tree.map_with_path(flat, tree)
+        return jax.tree.map_with_path(lambda path, x: self.flat(x, _is_stacked(path)), tree)
 
     def unflatten(self, flat):
         """The inverse of flatten (on whole, gathered arrays)."""
-        def whole(f, s):
-            per = math.prod(s.shape[1:]) if f.ndim == 2 else math.prod(s.shape)
-            return f[..., :per].reshape(s.shape)
-        return jax.tree.map(whole, flat, self.shapes)
+        return jax.tree.map(lambda f, s: self.whole(f, s.shape), flat, self.shapes)
+
+    def flat(self, x, stacked: bool):
+        """One whole tensor -> its padded flat form ([L, K*c] if `stacked`)."""
+        rows = x.reshape(x.shape[0], -1) if stacked else x.reshape(-1)
+        n = rows.shape[-1]
+        return jnp.pad(rows, [(0, 0)] * (rows.ndim - 1) + [(0, _padded(n, self.k) - n)])
+
+    @staticmethod
+    def whole(f, shape):
+        """One padded flat tensor -> its whole `shape` (the padding dropped)."""
+        per = math.prod(shape[1:]) if f.ndim == 2 else math.prod(shape)
+        return f[..., :per].reshape(shape)
+
+    # the canonical form: the flat global arrays are exactly flatten(whole), so converting
+    # is a slice and a reshape, and back a reshape and a pad
+    def canonical_spec(self, info):
+        """Split the whole tensor over dp along its first dimension after the layers axis
+        when dp divides it: device i's flat slice is then exactly its rows of that
+        dimension, and the conversion is a reshape on each device, with no communication.
+        Otherwise (a dimension dp does not divide, padding) it is spread as usual."""
+        lead = 1 if info.stacked else 0
+        if len(info.shape) > lead and info.shape[lead] % self.k == 0:
+            return P(*([None] * lead), AXIS)
+        return None
+
+    def copy_to_canonical(self, f, info):
+        return self.whole(f, info.shape)
+
+    def copy_from_canonical(self, x, info):
+        return self.flat(x, info.stacked)
+
+    def params_to_canonical(self, x, info):
+        return self.copy_to_canonical(x, info) if self.stage == 3 else x
+
+    def params_from_canonical(self, x, info):
+        return self.copy_from_canonical(x, info) if self.stage == 3 else x
 
     @staticmethod
     def spec(leaf) -> P:
@@ -234,7 +264,8 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
     compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(state_specs, P(AXIS)),
                                      out_specs=(state_specs, P())))
     return init, ShardedStep(mesh, compiled,
-                             jax.jit(lambda state: layout.full_params(state.params)))
+                             jax.jit(lambda state: layout.full_params(state.params)),
+                             Canonical(layout, optimizer, pol, param_shapes, mesh, shardings))
 
 
 # Stage 3's traffic, tensor by tensor. A gather runs where a unit uses a tensor: in the
