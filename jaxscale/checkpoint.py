@@ -26,6 +26,7 @@ the batch order is a pure function of (seed, sample index) and the model has no 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -136,6 +137,41 @@ def read_meta(directory, step: int) -> dict:
                                 f"{path} ({type(e).__name__})") from None
 
 
+MANIFEST = "jaxscale-files.json"
+
+
+def write_manifest(step_dir: Path) -> None:
+    """Record every file of a committed checkpoint with its size (written once, atomically,
+    by process 0 after Orbax has renamed the step into place): a later deleted or truncated
+    file is then named before Orbax reads anything."""
+    if (step_dir / MANIFEST).exists():
+        return
+    files = {str(f.relative_to(step_dir)): f.stat().st_size
+             for f in sorted(step_dir.rglob("*")) if f.is_file()}
+    tmp = step_dir / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps({"files": files}))
+    os.replace(tmp, step_dir / MANIFEST)
+
+
+def check_files(step_dir: Path) -> None:
+    """CheckpointDamaged naming the first file that is missing or not its recorded size
+    (a checkpoint without a manifest, killed before it was written, is not checked here)."""
+    try:
+        files = json.loads((step_dir / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError):
+        raise CheckpointDamaged(f"checkpoint {step_dir} is damaged: its file list "
+                                f"{MANIFEST} cannot be read") from None
+    for name, size in files.items():
+        f = step_dir / name
+        if not f.is_file():
+            raise CheckpointDamaged(f"checkpoint {step_dir} is damaged: {name} is missing")
+        if f.stat().st_size != size:
+            raise CheckpointDamaged(f"checkpoint {step_dir} is damaged: {name} has "
+                                    f"{f.stat().st_size:,} bytes, {size:,} when saved")
+
+
 def _bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -152,12 +188,13 @@ def listing(directory) -> list[dict]:
                "complete": TMP_MARK not in p.name and (p / "_CHECKPOINT_METADATA").exists()}
         if row["complete"]:
             try:
+                check_files(p)
                 meta = read_meta(d, int(name))
                 row.update(plan=meta["plan_layout"], model=meta["config"]["model"],
                            processes=meta["processes"], devices=meta["devices"],
                            samples_seen=meta["data"]["samples_seen"])
-            except (CheckpointDamaged, KeyError):
-                row.update(complete=False, damaged=True)
+            except (CheckpointDamaged, KeyError) as e:
+                row.update(complete=False, damaged=str(e))
         rows.append(row)
     return sorted(rows, key=lambda r: (r["step"], r["complete"]))
 
@@ -258,14 +295,17 @@ class Checkpointer:
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001
             raise self._write_failed(self._last_saved, e) from e
+        self._record_files()
         try:
             self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(items), meta=ocp.args.JsonSave(meta)), force=True)
         except Exception as e:  # noqa: BLE001  the disk's error, whichever layer raised it
             raise self._write_failed(step, e) from e
+        self._last_saved = step
+        if not self.options.async_save:
+            self._record_files()
         blocked = time.perf_counter() - t0
         self.blocked_s.append(blocked)
-        self._last_saved = step
         return blocked
 
     def restore(self, canonical, config: dict):
@@ -275,6 +315,7 @@ class Checkpointer:
         steps = complete_steps(self.directory)
         for step in reversed(steps):
             try:
+                check_files(self.directory / str(step))
                 meta = read_meta(self.directory, step)
                 check_compatible(meta, config, self.options.accept_lr_change,
                                  self.directory / str(step))
@@ -283,9 +324,23 @@ class Checkpointer:
             except CheckpointDamaged as e:
                 earlier = [s for s in steps if s < step]
                 self.log(f"{e}; " + (f"falling back to step {earlier[-1]}" if earlier
-                                     else "no earlier checkpoint to fall back to"))
+                                     else "no earlier checkpoint to fall back to")
+                         + self._set_aside(step))
         raise CheckpointError(f"no readable checkpoint in {self.directory} (steps tried: "
                               f"{', '.join(map(str, reversed(steps))) or 'none'})")
+
+    def _set_aside(self, step: int) -> str:
+        """A run that will save again moves a damaged step out of the way (renamed, kept
+        for inspection), so that its own save of that step does not meet it."""
+        if self.options.every is None:
+            return ""
+        aside = self.directory / f"{step}.damaged"
+        _barrier(f"jaxscale-read-{step}")  # every process has tried (and failed) to read it
+        if jax.process_index() == 0:
+            os.replace(self.directory / str(step), aside)
+        _barrier(f"jaxscale-aside-{step}")
+        self.manager.reload()
+        return f" (moved aside to {aside})"
 
     def _read_state(self, step: int, target, mesh):
         ocp = self._ocp
@@ -297,9 +352,9 @@ class Checkpointer:
             got = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(items)))["state"]
         except Exception as e:  # Orbax and tensorstore raise many kinds; all mean the same
-            first = str(e).strip().splitlines()[0][:240] if str(e).strip() else ""
+            first = (str(e).strip().splitlines() or [""])[0].split(" See full TensorStore")[0]
             raise CheckpointDamaged(f"checkpoint {self.directory / str(step)} is damaged: "
-                                    f"{type(e).__name__}: {first}") from None
+                                    f"{first[:200]}") from None
         tensors = {k: v for k, v in got.items() if not k.startswith(DIGEST)}
         have = jax.device_get(_digest(tensors))
         want = jax.device_get({k: v for k, v in got.items() if k.startswith(DIGEST)})
@@ -314,10 +369,18 @@ class Checkpointer:
         """Wait for a save in flight, then release Orbax's threads."""
         try:
             self.manager.wait_until_finished()
+            self._record_files()
         except Exception as e:  # noqa: BLE001  an asynchronous write that failed
             raise self._write_failed(self._last_saved, e) from e
         finally:
             self.manager.close()
+
+    def _record_files(self) -> None:
+        """The file list of the last save, once Orbax has committed it (process 0)."""
+        step = self._last_saved
+        if step is not None and jax.process_index() == 0 and step in complete_steps(
+                self.directory):
+            write_manifest(self.directory / str(step))
 
     def _write_failed(self, step, error: Exception) -> CheckpointWriteError:
         kept = [s for s in complete_steps(self.directory) if step is None or s < step]
@@ -326,6 +389,12 @@ class Checkpointer:
             f"saving checkpoint step {step} in {self.directory} failed ({type(error).__name__}: "
             f"{first}); " + (f"the checkpoint of step {kept[-1]} is intact" if kept
                              else "no earlier checkpoint exists"))
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
 
 
 def check_compatible(meta: dict, config: dict, accept_lr_change: bool, where) -> None:

@@ -167,12 +167,19 @@ def test_a_damaged_checkpoint_is_named_and_the_previous_one_used(straight, tmp_p
     shutil.copytree(straight[1], tmp_path / "ck")
     _damage(tmp_path / "ck" / "8", how)
     _damage(tmp_path / "ck" / "6", how)
-    rest, notes = _train(tmp_path, "ck", resume=True, every=None)
+    # reading only (truncate); saving again (delete): the damaged steps are moved aside
+    saving = how == "delete"
+    rest, notes = _train(tmp_path, "ck", resume=True, every=2 if saving else None)
     assert rest.resumed_from == 4
     damaged = [n for n in notes if "is damaged" in n]
     assert len(damaged) == 2 and str(tmp_path / "ck" / "8") in damaged[0]
+    assert ("is missing" if saving else "when saved") in damaged[0]
     assert "falling back to step 6" in damaged[0] and "falling back to step 4" in damaged[1]
     assert rest.loss_curve == straight[0].loss_curve
+    if saving:
+        assert all("moved aside" in n for n in damaged)
+        assert (tmp_path / "ck" / "8.damaged").is_dir()
+        assert C.complete_steps(tmp_path / "ck") == [4, 6, 8]  # saved again, whole
 
 
 def test_resume_refuses_another_runs_checkpoint(straight, tmp_path):

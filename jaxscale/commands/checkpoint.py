@@ -58,4 +58,7 @@ def _cmd_ls(args) -> int:
     print_table(f"{d}: {plural(done, 'complete checkpoint')}, "
                 f"{len(rows) - done} incomplete or damaged",
                 ["step", "state", "plan", "processes", "samples seen", "bytes"], table)
+    for r in rows:
+        if r.get("damaged"):
+            print(r["damaged"])
     return 0
