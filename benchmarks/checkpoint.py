@@ -51,11 +51,11 @@ import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from jaxscale import garden, model as M  # noqa: E402
-from jaxscale.checkpoint import (Checkpointer, CheckpointOptions, _digest,  # noqa: E402
+from jaxscale.checkpoint import (Checkpointer, CheckpointOptions, _digest, run_meta,  # noqa: E402
                                  flat_items, listing, versions)
 from jaxscale.cli import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
-from jaxscale.train import (TrainConfig, _checkpoint_meta, as_arrays, lr_schedule,  # noqa: E402
+from jaxscale.train import (TrainConfig, as_arrays, lr_schedule,  # noqa: E402
                             make_optimizer)
 
 BATCH = 8
@@ -94,7 +94,7 @@ def trained_state(name, mcfg, plan, optimizer, batches):
 
 def meta_for(name, mcfg, cfg, plan):
     if name in M.PRESETS:
-        return _checkpoint_meta(cfg, plan, 2 * BATCH, [], [], [], 0)
+        return run_meta(cfg, plan, 2 * BATCH, [], [], [], 0)
     # an ad-hoc model: the same JSON, with its shape given here rather than by a preset
     return {"config": asdict(cfg), "plan": plan.as_dict(), "plan_layout": plan.layout(),
             "model": asdict(mcfg), "data": {"samples_seen": 2 * BATCH, "batch_size": BATCH},

@@ -126,9 +126,9 @@ def _measure_saves(directory: Path) -> dict:
     import jax
 
     from jaxscale import garden, model as modellib
-    from jaxscale.checkpoint import Checkpointer, CheckpointOptions
+    from jaxscale.checkpoint import Checkpointer, CheckpointOptions, run_meta
     from jaxscale.parallel.plan import Plan, build_train_step
-    from jaxscale.train import TrainConfig, _checkpoint_meta, as_arrays, init_state
+    from jaxscale.train import TrainConfig, as_arrays, init_state
 
     cfg = TrainConfig(model="tiny", batch_size=8)
     plan = Plan()
@@ -136,7 +136,7 @@ def _measure_saves(directory: Path) -> dict:
     init, step = build_train_step(modellib.preset(cfg.model), plan, optimizer)
     batch = as_arrays(next(garden.make_corpus(cfg.seed, 64, 8).train_batches(cfg.batch_size)))
     state, _ = step(init(params), batch)  # one step: the moments are not zeros
-    meta = _checkpoint_meta(cfg, plan, cfg.batch_size, [], [], [], 0)
+    meta = run_meta(cfg, plan, cfg.batch_size, [], [], [], 0)
     out = {"model": cfg.model, "plan": plan.layout(), "config": asdict(cfg)}
     for kind in ("sync", "async"):
         with Checkpointer(CheckpointOptions(str(directory / kind), every=1, keep=2,

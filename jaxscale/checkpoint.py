@@ -199,6 +199,25 @@ def listing(directory) -> list[dict]:
     return sorted(rows, key=lambda r: (r["step"], r["complete"]))
 
 
+def run_meta(cfg, plan, samples_seen: int, losses, norms, val_curve, tokens) -> dict:
+    """The JSON item beside a checkpoint's tensors: the run (a TrainConfig), its plan, the
+    model, the data position (the global sample index: mesh-independent), the metrics so
+    far. (There is no random state to add: see the module docstring.)"""
+    from dataclasses import asdict
+
+    from jaxscale.model import preset
+    return {
+        "config": asdict(cfg), "plan": plan.as_dict(), "plan_layout": plan.layout(),
+        "model": asdict(preset(cfg.model)),
+        "data": {"samples_seen": samples_seen, "batch_size": cfg.batch_size,
+                 "order": "a shuffle of (seed, epoch) per epoch (jaxscale.data.sampler)"},
+        "random": "the seed alone: batch order is a function of (seed, sample index), and "
+                  "the model has no dropout",
+        "metrics": {"loss_curve": list(losses), "grad_norms": list(norms),
+                    "val_curve": [list(v) for v in val_curve], "tokens_seen": tokens},
+        "processes": jax.process_count(), "devices": plan.n_devices}
+
+
 # --------------------------------------------------------------------------------------
 # The state as Orbax sees it: a flat dict of named tensors
 # --------------------------------------------------------------------------------------

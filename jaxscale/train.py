@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 
 from jaxscale import distributed, garden, model as modellib, optim, precision
-from jaxscale.checkpoint import Checkpointer, CheckpointOptions
+from jaxscale.checkpoint import Checkpointer, CheckpointOptions, run_meta
 from jaxscale.data.sampler import StepBatches
 from jaxscale.loss import loss_fn, nll_and_count  # noqa: F401  (re-exported)
 from jaxscale.parallel.plan import Plan, build_train_step
@@ -328,7 +328,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             halted = not stop and halt_after is not None and step >= halt_after
             if (ckpt is not None and nonfinite_at is None
                     and ckpt.due(step, last=stop or halted or step == cfg.steps)):
-                ckpt.save(step, step_fn.canonical.to_canonical(state), _checkpoint_meta(
+                ckpt.save(step, step_fn.canonical.to_canonical(state), run_meta(
                     cfg, plan, batches.position(step), losses, norms, val_curve, tokens))
             if stop or halted:
                 break
@@ -375,18 +375,3 @@ def _open_metrics(path: Path, start: int):
     f.writelines(line + "\n" for line in kept)
     return f
 
-
-def _checkpoint_meta(cfg: TrainConfig, plan: Plan, samples_seen: int, losses, norms,
-                     val_curve, tokens) -> dict:
-    """The JSON beside a checkpoint's tensors: the run, its plan, the data position (the
-    global sample index: mesh-independent) and the metrics so far."""
-    return _json_ready({
-        "config": asdict(cfg), "plan": plan.as_dict(), "plan_layout": plan.layout(),
-        "model": asdict(modellib.preset(cfg.model)),
-        "data": {"samples_seen": samples_seen, "batch_size": cfg.batch_size,
-                 "order": "garden shuffle of (seed, epoch) per epoch (data.sampler)"},
-        "random": "the seed alone: batch order is a function of (seed, sample index), and "
-                  "the model has no dropout",
-        "metrics": {"loss_curve": list(losses), "grad_norms": list(norms),
-                    "val_curve": [list(v) for v in val_curve], "tokens_seen": tokens},
-        "processes": jax.process_count(), "devices": plan.n_devices})

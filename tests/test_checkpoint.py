@@ -13,7 +13,7 @@ import pytest
 
 from jaxscale import checkpoint as C, cli, model as M
 from jaxscale.parallel.plan import Plan, build_train_step
-from jaxscale.train import TrainConfig, _checkpoint_meta, init_state, train
+from jaxscale.train import TrainConfig, init_state, train
 
 # tiny8: 8 layers and 8 heads, so that tp, pp, 3-D and the interleaved order all fit
 MODEL = "tiny8"
@@ -99,7 +99,7 @@ def test_restore_into_another_plan_is_lossless(source, tmp_path):
     cfg = TrainConfig(model=MODEL)
     options = C.CheckpointOptions(str(tmp_path / "ck"), every=1)
     with C.Checkpointer(options) as ckpt:
-        ckpt.save(2, saved, _checkpoint_meta(cfg, LAYOUTS[source], 64, [1.0, 1.0], [1.0, 1.0],
+        ckpt.save(2, saved, C.run_meta(cfg, LAYOUTS[source], 64, [1.0, 1.0], [1.0, 1.0],
                                              [], 100))
     for target in TARGETS:
         _, other = _trained(_plan(target), steps=0)

@@ -196,14 +196,14 @@ def test_sigkill_at_random_instants_resumes_bit_for_bit(tmp_path):
 FULL_DISK = textwrap.dedent("""
     import json, resource, signal, sys
     from jaxscale import checkpoint as C
-    from jaxscale.train import TrainConfig, _checkpoint_meta, init_state
+    from jaxscale.train import TrainConfig, init_state
     from jaxscale.model import preset
     from jaxscale.parallel.plan import Plan, build_train_step
     cfg = TrainConfig(model="tiny")
     _, params, opt = init_state(cfg)
     init, step = build_train_step(preset("tiny"), Plan(), opt)
     canonical = step.canonical.to_canonical(init(params))
-    meta = _checkpoint_meta(cfg, Plan(), 0, [], [], [], 0)
+    meta = C.run_meta(cfg, Plan(), 0, [], [], [], 0)
     options = C.CheckpointOptions(sys.argv[1], every=1, async_save=sys.argv[2] == "async")
     ckpt = C.Checkpointer(options)
     ckpt.save(1, canonical, meta)

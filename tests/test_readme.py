@@ -91,7 +91,7 @@ def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
     checkpoint of its config (from one device: checkpoints do not depend on the plan)."""
     from dataclasses import replace
 
-    from jaxscale.checkpoint import Checkpointer
+    from jaxscale.checkpoint import Checkpointer, run_meta
     from jaxscale.model import preset
     from jaxscale.parallel.plan import Plan, build_train_step
 
@@ -101,7 +101,7 @@ def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
                                       optimizer, train_module.jax.devices()[:1])
         with Checkpointer(replace(checkpoint, resume=False)) as ckpt:
             ckpt.save(0, step.canonical.to_canonical(init(params)),
-                      train_module._checkpoint_meta(cfg, cfg.plan(), 0, [], [], [], 0))
+                      run_meta(cfg, cfg.plan(), 0, [], [], [], 0))
         raise _Stop
 
     monkeypatch.setattr(train_module, "train", save)
