@@ -148,6 +148,25 @@ def test_halt_then_resume_in_process_is_bit_identical(straight, tmp_path):
     assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))
 
 
+def test_an_async_save_in_flight_is_finished_at_exit(tmp_path, monkeypatch):
+    """Ctrl-C right after an asynchronous save started: train stops, and the save is
+    complete (and resumable) by the time the KeyboardInterrupt reaches the caller."""
+    from jaxscale import train as train_module
+    from jaxscale.train import TrainInterrupted
+
+    update = train_module.Progress.update
+
+    def interrupt_at_5(self, step, info):
+        if step == 5:
+            raise KeyboardInterrupt
+        return update(self, step, info)
+    monkeypatch.setattr(train_module.Progress, "update", interrupt_at_5)
+    with pytest.raises(TrainInterrupted):
+        _train(tmp_path, "ck", every=4, async_save=True)
+    assert C.complete_steps(tmp_path / "ck") == [4]
+    assert not [r for r in C.listing(tmp_path / "ck") if not r["complete"]]
+
+
 def test_keep_deletes_the_oldest(straight):
     assert C.complete_steps(straight[1]) == [4, 6, 8]  # keep=3 of 2, 4, 6, 8
 
