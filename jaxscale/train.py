@@ -263,7 +263,13 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     tokens = start = 0
     ckpt = None if checkpoint is None else Checkpointer(checkpoint, log if main else None)
     if ckpt is not None and checkpoint.resume:
-        start, canonical, meta = ckpt.restore(step_fn.canonical, asdict(cfg))
+        try:
+            start, canonical, meta = ckpt.restore(step_fn.canonical, asdict(cfg))
+        except BaseException:
+            ckpt.close()
+            raise
+        # the data position is a global sample index: the next step's batch, whatever mesh
+        assert meta["data"]["samples_seen"] == batches.position(start), meta["data"]
         state = step_fn.canonical.from_canonical(canonical)  # resharded into this plan
         done = meta["metrics"]
         losses, norms, tokens = done["loss_curve"], done["grad_norms"], done["tokens_seen"]
