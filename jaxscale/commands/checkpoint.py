@@ -35,7 +35,7 @@ def register(subparsers) -> None:
 def _cmd_ls(args) -> int:
     from pathlib import Path
 
-    from jaxscale.checkpoint import listing
+    from jaxscale.checkpoint_dir import listing
     from jaxscale.report import print_table, plural
 
     d = Path(args.directory)
