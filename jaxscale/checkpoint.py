@@ -106,8 +106,7 @@ def check_resumable(directory, config: dict, accept_lr_change: bool = False) -> 
 # --------------------------------------------------------------------------------------
 
 def _name(path) -> str:
-    return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
-                    for k in path)
+    return jax.tree_util.keystr(path, simple=True, separator=".")
 
 
 def flat_items(tree) -> dict:
@@ -161,7 +160,6 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=options.keep, create=options.every is not None,
                 cleanup_tmp_directories=True, enable_async_checkpointing=options.async_save))
-        self.blocked_s: list[float] = []  # how long each save held training up
         self._last_saved = None
 
     def __enter__(self):
@@ -195,9 +193,7 @@ class Checkpointer:
         self._last_saved = step
         if not self.options.async_save:
             self._record_files()
-        blocked = time.perf_counter() - t0
-        self.blocked_s.append(blocked)
-        return blocked
+        return time.perf_counter() - t0
 
     def restore(self, canonical, config: dict):
         """(step, canonical state on this plan's devices, meta) of the latest checkpoint
@@ -225,7 +221,8 @@ class Checkpointer:
         for inspection), so that its own save of that step does not meet it."""
         if self.options.every is None:
             return ""
-        aside = self.directory / f"{step}.damaged"
+        aside = next(self.directory / f"{step}.damaged{n or ''}" for n in range(10**6)
+                     if not (self.directory / f"{step}.damaged{n or ''}").exists())
         _barrier(f"jaxscale-read-{step}")  # every process has tried (and failed) to read it
         if jax.process_index() == 0:
             os.replace(self.directory / str(step), aside)

@@ -20,7 +20,7 @@ FORMAT = 1
 # TrainConfig fields a resumed run must share with the checkpoint (the plan's may differ)
 MUST_MATCH = ("model", "optimizer", "lr", "lr_schedule", "warmup", "steps", "batch_size",
               "seed", "precision", "n_train_docs", "n_val_docs")
-FLAGS = {"lr_schedule": "--lr-schedule", "batch_size": "--batch-size"}
+NO_FLAG = ("n_train_docs", "n_val_docs")  # set only through the Python API (TrainConfig)
 TMP_MARK = ".orbax-checkpoint-tmp"
 MANIFEST = "jaxscale-files.json"
 DIGEST = "digest."  # the name prefix of each tensor's digest item (jaxscale.checkpoint)
@@ -65,12 +65,13 @@ def check_compatible(meta: dict, config: dict, accept_lr_change: bool, where) ->
         if field == "lr" and accept_lr_change:
             continue
         if saved.get(field) != config.get(field):
-            flag = FLAGS.get(field, "--" + field.replace("_", "-"))
+            fix = (f"set TrainConfig.{field}={saved.get(field)!r}" if field in NO_FLAG else
+                   f"use --{field.replace('_', '-')} {saved.get(field)}")
             hint = (" (or pass --accept-lr-change to continue with the new one)"
                     if field == "lr" else "")
             raise CheckpointError(
                 f"checkpoint {where} was written with {field}={saved.get(field)!r} but this "
-                f"run has {field}={config.get(field)!r}; use {flag} {saved.get(field)}{hint}")
+                f"run has {field}={config.get(field)!r}; {fix}{hint}")
 
 
 def versions() -> dict[str, str]:
@@ -144,11 +145,13 @@ def listing(directory) -> list[dict]:
     d = Path(directory)
     rows = []
     for p in sorted(d.iterdir() if d.is_dir() else [], key=lambda p: p.name):
-        name = p.name.split(TMP_MARK)[0]
+        name = p.name.split(TMP_MARK)[0].split(".damaged")[0]
         if not (p.is_dir() and name.isdigit()):
             continue
         row = {"step": int(name), "path": str(p), "bytes": _bytes(p),
-               "complete": TMP_MARK not in p.name and (p / "_CHECKPOINT_METADATA").exists()}
+               "complete": p.name == name and (p / "_CHECKPOINT_METADATA").exists()}
+        if ".damaged" in p.name:
+            row["damaged"] = f"checkpoint {p} was found damaged and moved aside by a later run"
         if row["complete"]:
             try:
                 check_files(p)
@@ -156,8 +159,11 @@ def listing(directory) -> list[dict]:
                 row.update(plan=meta["plan_layout"], model=meta["config"]["model"],
                            processes=meta["processes"], devices=meta["devices"],
                            samples_seen=meta["data"]["samples_seen"])
-            except (CheckpointDamaged, KeyError) as e:
+            except CheckpointDamaged as e:
                 row.update(complete=False, damaged=str(e))
+            except KeyError as e:
+                row.update(complete=False, damaged=f"checkpoint {p} is damaged: its JSON item "
+                                                   f"has no {e} field")
         rows.append(row)
     return sorted(rows, key=lambda r: (r["step"], r["complete"]))
 

@@ -262,29 +262,35 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     losses, norms, val_curve = [], [], []
     tokens = start = 0
     ckpt = None if checkpoint is None else Checkpointer(checkpoint, log if main else None)
-    if ckpt is not None and checkpoint.resume:
-        try:
+    try:  # the checkpointer's threads are released if anything before the loop fails
+        if ckpt is not None and checkpoint.resume:
             start, canonical, meta = ckpt.restore(step_fn.canonical, asdict(cfg))
-        except BaseException:
+            state = step_fn.canonical.from_canonical(canonical)  # resharded into this plan
+            done = meta["metrics"]
+            losses, norms, tokens = done["loss_curve"], done["grad_norms"], done["tokens_seen"]
+            val_curve = [tuple(v) for v in done["val_curve"]]
+            if log and main:
+                log(f"resumed from {ckpt.directory / str(start)} (saved under "
+                    f"{meta['plan_layout']} on {meta['processes']} process(es)), now under "
+                    f"{plan.layout()}", "note")
+        else:
+            state = init_fn(params)
+        if halt_after is not None and not start < halt_after:
+            raise TrainConfigError(f"halt_after={halt_after} must come after the step this "
+                                   f"run starts from ({start})")
+        out = Path(out_dir) if out_dir is not None and main else None
+        jsonl = None
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            jsonl = _open_metrics(out / "metrics.jsonl", start)
+    except BaseException:
+        if ckpt is not None:
             ckpt.close()
-            raise
-        # the data position is a global sample index: the next step's batch, whatever mesh
-        assert meta["data"]["samples_seen"] == batches.position(start), meta["data"]
-        state = step_fn.canonical.from_canonical(canonical)  # resharded into this plan
-        done = meta["metrics"]
-        losses, norms, tokens = done["loss_curve"], done["grad_norms"], done["tokens_seen"]
-        val_curve = [tuple(v) for v in done["val_curve"]]
-        if log and main:
-            log(f"resumed from {ckpt.directory / str(start)} (saved under "
-                f"{meta['plan_layout']} on {meta['processes']} process(es)), now under "
-                f"{plan.layout()}", "note")
-    else:
-        state = init_fn(params)
-    out = Path(out_dir) if out_dir is not None and main else None
-    jsonl = None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        jsonl = _open_metrics(out / "metrics.jsonl", start)
+        raise
+    # a run that had already reached its stop gap when it was saved does not train on
+    reached_before = (cfg.stop_gap is not None and bool(val_curve)
+                      and val_curve[-1][1] - floor <= cfg.stop_gap)
+    end = start if reached_before else cfg.steps
 
     schedule = lr_schedule(cfg)
     bar = Progress(cfg.steps, progress, label="train")
@@ -294,7 +300,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     compile_s, reached_at, norm_median = 0.0, None, None
     nonfinite_at, interrupted, halted, tokens_before = None, False, False, tokens
     try:
-        for step in range(start + 1, cfg.steps + 1):
+        for step in range(start + 1, end + 1):
             batch = batches.place(step - 1, step_fn.batch_sharding)  # this process's rows
             n_tokens = batches.n_tokens(step - 1)
             t0 = time.perf_counter()
@@ -334,6 +340,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             halted = not stop and halt_after is not None and step >= halt_after
             if (ckpt is not None and nonfinite_at is None
                     and ckpt.due(step, last=stop or halted or step == cfg.steps)):
+                if jsonl is not None:
+                    jsonl.flush()  # a resumed run finds every line up to its checkpoint
                 ckpt.save(step, step_fn.canonical.to_canonical(state), run_meta(
                     cfg, plan, batches.position(step), losses, norms, val_curve, tokens))
             if stop or halted:
@@ -375,8 +383,12 @@ def _open_metrics(path: Path, start: int):
     last checkpoint, is dropped: those steps run again)."""
     kept = []
     if start and path.exists():
-        kept = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= start]
+        for line in path.read_text().splitlines():
+            try:  # the last line of a killed run may be half written
+                if json.loads(line).get("step", 0) <= start:
+                    kept.append(line)
+            except ValueError:
+                continue
     f = open(path, "w")
     f.writelines(line + "\n" for line in kept)
     return f

@@ -245,7 +245,11 @@ def test_bad_checkpoint_input(capsys, tmp_path, straight):
            "not writable")
     _fails(capsys, base + ["--checkpoint-dir", str(straight[1]), "--checkpoint-every", "2"],
            "already holds checkpoints", "--resume")
-    _fails(capsys, base + ["--resume"], "need --checkpoint-dir")
+    _fails(capsys, base + ["--resume", "--keep", "2"], "--resume, --keep need --checkpoint-dir")
+    _fails(capsys, base + ["--checkpoint-dir", str(straight[1]), "--resume",
+                           "--async-checkpoint"], "--async-checkpoint only apply when saving")
+    _fails(capsys, base + ["--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "2",
+                           "--accept-lr-change"], "only applies with --resume")
     _fails(capsys, base + ["--checkpoint-dir", str(tmp_path / "a")], "--checkpoint-every")
     _fails(capsys, base + ["--halt-after", "8"], "must be below --steps")
     _fails(capsys, base + ["--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "0"],

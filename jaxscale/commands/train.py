@@ -10,6 +10,7 @@ from jaxscale.cli import EXIT_FAILED, EXIT_INTERRUPTED, _error, _number, enable_
 
 def register(subparsers) -> None:
     from jaxscale import distributed
+    from jaxscale.checkpoint import CheckpointOptions
     from jaxscale.commands.memory import preset_summary
     from jaxscale.model import PRESETS, REMAT_POLICIES
     from jaxscale.parallel.schedule import SCHEDULES
@@ -82,8 +83,9 @@ def register(subparsers) -> None:
                    help="directory of the run's checkpoints, one sub-directory per step")
     c.add_argument("--checkpoint-every", type=_number(), default=None, metavar="N",
                    help="save every N steps and at the last step (needs --checkpoint-dir)")
-    c.add_argument("--keep", type=_number(), default=3, metavar="K",
-                   help="complete checkpoints to keep, the oldest deleted first (default 3)")
+    c.add_argument("--keep", type=_number(), default=None, metavar="K",
+                   help="complete checkpoints to keep, the oldest deleted first (default "
+                        f"{CheckpointOptions.keep})")
     c.add_argument("--async-checkpoint", action="store_true",
                    help="write checkpoints in the background: training waits only for the "
                         "copy to host memory")
@@ -105,17 +107,28 @@ def _checkpoint_options(args):
     """The checkpoint options, validated before anything is written (CheckpointError)."""
     from jaxscale.checkpoint import CheckpointError, CheckpointOptions
 
-    wants = args.checkpoint_every is not None or args.resume or args.async_checkpoint
+    given = [flag for flag, on in (
+        ("--checkpoint-every", args.checkpoint_every is not None), ("--resume", args.resume),
+        ("--async-checkpoint", args.async_checkpoint), ("--keep", args.keep is not None),
+        ("--accept-lr-change", args.accept_lr_change),
+        ("--halt-after", args.halt_after is not None)) if on]
     if args.checkpoint_dir is None:
-        if wants:
-            raise CheckpointError("--checkpoint-every, --resume and --async-checkpoint need "
+        if given:
+            raise CheckpointError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} "
                                   "--checkpoint-dir DIR")
         return None
     if args.checkpoint_every is None and not args.resume:
         raise CheckpointError("--checkpoint-dir needs --checkpoint-every N (to save) or "
                               "--resume (to continue), or both")
+    unused = [flag for flag in given if flag in ("--async-checkpoint", "--keep", "--halt-after")]
+    if args.checkpoint_every is None and unused:
+        raise CheckpointError(f"{', '.join(unused)} only apply when saving; add "
+                              "--checkpoint-every N")
+    if args.accept_lr_change and not args.resume:
+        raise CheckpointError("--accept-lr-change only applies with --resume")
+    keep = CheckpointOptions.keep if args.keep is None else args.keep
     options = CheckpointOptions(args.checkpoint_dir, every=args.checkpoint_every,
-                                keep=args.keep, async_save=args.async_checkpoint,
+                                keep=keep, async_save=args.async_checkpoint,
                                 resume=args.resume, accept_lr_change=args.accept_lr_change)
     options.validate()
     return options
