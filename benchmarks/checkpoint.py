@@ -53,6 +53,7 @@ from flax import nnx  # noqa: E402
 from jaxscale import garden, model as M  # noqa: E402
 from jaxscale.checkpoint import (Checkpointer, CheckpointOptions, _digest, run_meta,  # noqa: E402
                                  flat_items, listing, versions)
+from jaxscale.checkpoint_dir import dir_bytes  # noqa: E402
 from jaxscale.cli import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.train import (TrainConfig, as_arrays, lr_schedule,  # noqa: E402
@@ -93,13 +94,7 @@ def trained_state(name, mcfg, plan, optimizer, batches):
 
 
 def meta_for(name, mcfg, cfg, plan):
-    if name in M.PRESETS:
-        return run_meta(cfg, plan, 2 * BATCH, [], [], [], 0)
-    # an ad-hoc model: the same JSON, with its shape given here rather than by a preset
-    return {"config": asdict(cfg), "plan": plan.as_dict(), "plan_layout": plan.layout(),
-            "model": asdict(mcfg), "data": {"samples_seen": 2 * BATCH, "batch_size": BATCH},
-            "metrics": {"loss_curve": [], "grad_norms": [], "val_curve": [], "tokens_seen": 0},
-            "processes": jax.process_count(), "devices": plan.n_devices}
+    return run_meta(cfg, plan, 2 * BATCH, [], [], [], 0, model=mcfg)
 
 
 def shard_bytes(tree) -> dict:
@@ -121,10 +116,6 @@ def shard_bytes(tree) -> dict:
             "written_total": sum(written.values()),
             "written_per_device_max": max(written.values()),
             "written_per_device_min": min(written.values())}
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def disk_bytes(directory: Path) -> dict:

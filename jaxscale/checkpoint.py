@@ -184,7 +184,8 @@ class Checkpointer:
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001
             raise self._write_failed(self._last_saved, e) from e
-        self._record_files()
+        if self.options.async_save:  # a sync save recorded its files when it returned
+            self._record_files()
         try:
             self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(items), meta=ocp.args.JsonSave(meta)), force=True)

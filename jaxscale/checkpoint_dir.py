@@ -34,7 +34,8 @@ class CheckpointDamaged(CheckpointError):
     """A checkpoint whose files are missing, truncated or do not match their digest."""
 
 
-def run_meta(cfg, plan, samples_seen: int, losses, norms, val_curve, tokens) -> dict:
+def run_meta(cfg, plan, samples_seen: int, losses, norms, val_curve, tokens,
+             model=None) -> dict:
     """The JSON item beside a checkpoint's tensors: the run (a TrainConfig), its plan, the
     model, the data position (the global sample index: mesh-independent), the metrics so
     far. (There is no random state to add: see jaxscale.checkpoint.)"""
@@ -45,7 +46,7 @@ def run_meta(cfg, plan, samples_seen: int, losses, norms, val_curve, tokens) -> 
     from jaxscale.model import preset
     return {
         "config": asdict(cfg), "plan": plan.as_dict(), "plan_layout": plan.layout(),
-        "model": asdict(preset(cfg.model)),
+        "model": asdict(model or preset(cfg.model)),  # `model`: a ModelConfig, not a preset
         "data": {"samples_seen": samples_seen, "batch_size": cfg.batch_size,
                  "order": "a shuffle of (seed, epoch) per epoch (jaxscale.data.sampler)"},
         "random": "the seed alone: batch order is a function of (seed, sample index), and "
@@ -136,7 +137,8 @@ def check_files(step_dir: Path) -> None:
                                     f"{f.stat().st_size:,} bytes, {size:,} when saved")
 
 
-def _bytes(path: Path) -> int:
+def dir_bytes(path: Path) -> int:
+    """Bytes of every file below `path`."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
@@ -148,7 +150,7 @@ def listing(directory) -> list[dict]:
         name = p.name.split(TMP_MARK)[0].split(".damaged")[0]
         if not (p.is_dir() and name.isdigit()):
             continue
-        row = {"step": int(name), "path": str(p), "bytes": _bytes(p),
+        row = {"step": int(name), "path": str(p), "bytes": dir_bytes(p),
                "complete": p.name == name and (p / "_CHECKPOINT_METADATA").exists()}
         if ".damaged" in p.name:
             row["damaged"] = f"checkpoint {p} was found damaged and moved aside by a later run"
