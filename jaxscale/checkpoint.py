@@ -254,13 +254,23 @@ class Checkpointer:
                                     + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
         return unflat_items(tensors, target)
 
-    def close(self) -> None:
-        """Wait for a save in flight, then release Orbax's threads."""
+    def wait(self) -> None:
+        """Wait for a save in flight (CheckpointWriteError if it failed)."""
         try:
             self.manager.wait_until_finished()
             self._record_files()
         except Exception as e:  # noqa: BLE001  an asynchronous write that failed
             raise self._write_failed(self._last_saved, e) from e
+
+    def saved_any(self) -> bool:
+        """Whether a complete checkpoint exists to restore (after any save in flight)."""
+        self.wait()
+        return bool(complete_steps(self.directory))
+
+    def close(self) -> None:
+        """Wait for a save in flight, then release Orbax's threads."""
+        try:
+            self.wait()
         finally:
             self.manager.close()
 

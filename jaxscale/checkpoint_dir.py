@@ -35,10 +35,11 @@ class CheckpointDamaged(CheckpointError):
 
 
 def run_meta(cfg, plan, samples_seen: int, losses, norms, val_curve, tokens,
-             model=None) -> dict:
+             model=None, guard: dict | None = None) -> dict:
     """The JSON item beside a checkpoint's tensors: the run (a TrainConfig), its plan, the
     model, the data position (the global sample index: mesh-independent), the metrics so
-    far. (There is no random state to add: see jaxscale.checkpoint.)"""
+    far, the spike guard's state (jaxscale.spikes.GuardState). (There is no random state
+    to add: see jaxscale.checkpoint.)"""
     from dataclasses import asdict
 
     import jax
@@ -53,7 +54,7 @@ def run_meta(cfg, plan, samples_seen: int, losses, norms, val_curve, tokens,
                   "the model has no dropout",
         "metrics": {"loss_curve": list(losses), "grad_norms": list(norms),
                     "val_curve": [list(v) for v in val_curve], "tokens_seen": tokens},
-        "processes": jax.process_count(), "devices": plan.n_devices}
+        "guard": guard or {}, "processes": jax.process_count(), "devices": plan.n_devices}
 
 
 def check_compatible(meta: dict, config: dict, accept_lr_change: bool, where) -> None:

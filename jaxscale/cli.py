@@ -148,11 +148,12 @@ def enable_compilation_cache() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if os.environ.get("JAXSCALE_LAUNCHED"):
+    if os.environ.get("JAXSCALE_LAUNCHED") or os.environ.get("JAXSCALE_SUPERVISED"):
         from jaxscale.distributed import die_with_parent
-        die_with_parent()  # one of `jaxscale launch`'s processes: never outlive it
+        die_with_parent()  # a child of `jaxscale launch` or `train --max-restarts`
     try:
         args = build_parser().parse_args(_attach_negative_values(argv))
+        args.argv = argv  # the command line as given (a supervisor runs it again)
         return args.run(args)
     except ValueError as e:  # our errors are ValueError subclasses with a complete message
         if type(e).__module__.startswith("jaxscale"):

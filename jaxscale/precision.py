@@ -14,6 +14,11 @@ loss is scaled. `make_step` builds the jitted step for a policy:
 
 Dynamic loss scaling: a non-finite gradient skips the update (params, master and optimizer
 state unchanged) and halves the scale; `growth_interval` finite steps in a row double it.
+
+The spike guard (jaxscale.spikes) uses the same skip: given a `Guard`, the step also drops
+an update whose global loss or gradient norm is above the guard's limits, or non-finite,
+whatever the policy; the guard's factor scales the update (the learning rate, raised by a
+fault or lowered after a rollback) without recompiling.
 """
 from __future__ import annotations
 
@@ -150,6 +155,28 @@ class TrainState(NamedTuple):
     skipped: jax.Array  # int32: updates skipped so far for non-finite gradients
 
 
+class Guard(NamedTuple):
+    """Per-step inputs of a guarded step, float32 scalars on every device (the same on
+    every process: they come from globally reduced metrics)."""
+
+    loss_max: jax.Array  # the update is dropped if the global loss is above this ...
+    norm_max: jax.Array  # ... or the global gradient norm above this (inf: no limit)
+    lr_factor: jax.Array  # multiplies the update, i.e. the learning rate
+
+    @classmethod
+    def make(cls, loss_max=np.inf, norm_max=np.inf, lr_factor=1.0) -> "Guard":
+        return cls(*(np.float32(v) for v in (loss_max, norm_max, lr_factor)))
+
+
+def _times(x, factor):
+    """x * factor, and exactly x when factor is 1. (A plain x * factor, though x * 1.0 == x,
+    changes the plain step's bits: XLA fuses it with the ops that made x and rounds them
+    differently. Through a select the step stays bit-identical to the plain one; measured,
+    tests/test_spikes.py. A factor on the gradients did not, even so: a NaN fault is
+    injected through the batch instead, jaxscale.spikes.poison.)"""
+    return jnp.where(factor == 1, x, (x * factor).astype(x.dtype))
+
+
 def _cast(tree, dtype):
     return jax.tree.map(lambda x: x.astype(dtype), tree)
 
@@ -233,7 +260,8 @@ class Replicated:
 def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
               batch_factor: float | jax.Array = 1.0, grad_fn=None, jit: bool = True,
               layout=None):
-    """A step(state, batch) -> (state, metrics) applying `pol` (jitted unless jit=False).
+    """A step(state, batch, guard=None) -> (state, metrics) applying `pol` (jitted unless
+    jit=False); with a `Guard`, an update outside its limits is dropped (see the top).
 
     batch_factor > 1 divides the loss before the backward pass and multiplies the fp32
     gradients back afterwards: the low-precision backward pass then carries gradients as
@@ -246,16 +274,19 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
     plain = pol.loss_scale == "none" and isinstance(batch_factor, (int, float)) and batch_factor == 1
     grad_fn = local_value_and_grad(graphdef) if grad_fn is None else grad_fn
 
-    def step(state: TrainState, batch):
+    def step(state: TrainState, batch, guard: Guard | None = None):
         loss, grads = grad_fn(state.params, batch,
                               None if plain else state.loss_scale / batch_factor)
         unscale = batch_factor / state.loss_scale
         grads32 = jax.tree.map(lambda g: g.astype(jnp.float32) * (1 if plain else unscale), grads)
         finite = layout.all_finite(
             jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads32)])))
+        grad_norm = layout.norm(grads32)
         target = state.master if pol.master_weights else layout.target(state.params)
         g = grads32 if pol.master_weights else _cast(grads32, pol.compute_dtype)
         updates, opt_state = optimizer.update(g, state.opt_state, target)
+        if guard is not None:  # the learning rate's factor, after a jump or a rollback
+            updates = jax.tree.map(lambda u: _times(u, guard.lr_factor), updates)
         new_target = optax.apply_updates(target, updates)
         moved = [(u != 0) for u in jax.tree.leaves(updates)]
         lost = [m & (a == b) for m, a, b in
@@ -269,6 +300,11 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
             new_master, new_params = None, layout.params(new_target)
 
         apply = finite if pol.loss_scale == "dynamic" else jnp.bool_(True)
+        accepted = jnp.bool_(True)
+        if guard is not None:  # the loss and norm are global: every device decides alike
+            accepted = (finite & jnp.isfinite(loss) & (loss <= guard.loss_max)
+                        & (grad_norm <= guard.norm_max))
+            apply = apply & accepted
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)  # noqa: E731
         scale, good = state.loss_scale, state.good_steps
         if pol.loss_scale == "dynamic":
@@ -278,9 +314,9 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
         new_state = TrainState(keep(new_params, state.params), keep(new_master, state.master),
                                keep(opt_state, state.opt_state), scale, good,
                                state.skipped + (~apply).astype(jnp.int32))
-        metrics = {"loss": loss, "grad_norm": layout.norm(grads32), "finite": finite,
+        metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
                    "loss_scale": state.loss_scale, "skipped": new_state.skipped,
-                   "swallowed": swallowed}
+                   "swallowed": swallowed, "accepted": accepted}
         return new_state, metrics
 
     return jax.jit(step) if jit else step

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import jax
@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxscale import distributed, garden, model as modellib, optim, precision
+from jaxscale import distributed, garden, model as modellib, optim, precision, spikes
 from jaxscale.checkpoint import Checkpointer, CheckpointOptions, run_meta
 from jaxscale.data.sampler import StepBatches
 from jaxscale.loss import loss_fn, nll_and_count  # noqa: F401  (re-exported)
@@ -65,15 +65,20 @@ class TrainConfig:
     schedule: str = "1f1b"  # pipeline schedule (pp > 1): gpipe, 1f1b, interleaved
     virtual: int = 1  # model chunks per pipeline device (interleaved: >= 2)
     stop_gap: float | None = None  # stop once val loss - floor <= stop_gap (nats)
+    spike_policy: str = "none"  # jaxscale.spikes: none, skip, rollback, stop
+    spike_z: float = 6.0  # a spike: loss or grad norm above mean + z * std of the window
+    spike_window: int = 50  # accepted steps in the rolling statistics (and the warm-up)
+    rollback_lr_factor: float = 0.5  # a rollback scales the learning rate by this
     n_train_docs: int = 8192
     n_val_docs: int = 512
 
-    def plan(self) -> Plan:
-        """The parallel Plan of this run (validated against the batch size)."""
-        return Plan.from_mesh(self.mesh, micro_batches=self.micro_batches, remat=self.remat,
+    def plan(self, validate: bool = True) -> Plan:
+        """The parallel Plan of this run (validated against the batch size, unless not
+        `validate`)."""
+        plan = Plan.from_mesh(self.mesh, micro_batches=self.micro_batches, remat=self.remat,
                               zero_stage=self.zero_stage, precision=self.precision,
-                              schedule=self.schedule, virtual=self.virtual,
-                              ).validate(global_batch=self.batch_size)
+                              schedule=self.schedule, virtual=self.virtual)
+        return plan.validate(global_batch=self.batch_size) if validate else plan
 
     def validate(self) -> None:
         modellib.preset(self.model)
@@ -98,6 +103,11 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise TrainConfigError(msg)
+        try:
+            spikes.check_options(self.spike_policy, self.spike_z, self.spike_window,
+                                 self.rollback_lr_factor)
+        except spikes.SpikeError as e:
+            raise TrainConfigError(str(e)) from None
         plan = self.plan()
         if plan.tp > 1 or plan.pp > 1:
             from jaxscale.parallel.hybrid import check_divisible
@@ -194,6 +204,9 @@ class TrainResult:
     interrupted: bool = False  # Ctrl-C: the steps that ran, no final validation
     halted: bool = False  # stopped by halt_after (as if interrupted; the checkpoint resumes it)
     resumed_from: int | None = None  # the checkpoint step this run continued from
+    spike_events: list = field(default_factory=list)  # the guard's events (jaxscale.spikes)
+    rollbacks: int = 0  # spike rollbacks to a checkpoint
+    steps_computed: int = 0  # steps this process ran, the ones rollbacks undid included
 
     @property
     def gap(self) -> float:
@@ -231,7 +244,7 @@ def init_state(cfg: TrainConfig):
 
 def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = True,
           log=None, checkpoint: CheckpointOptions | None = None,
-          halt_after: int | None = None) -> TrainResult:
+          halt_after: int | None = None, faults=()) -> TrainResult:
     """Train on the garden corpus; write metrics.jsonl, loss_curve.png, result.json into out_dir.
 
     `checkpoint` saves the state every so many steps (and at the last) and, with resume,
@@ -239,14 +252,23 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     wrote it (jaxscale.checkpoint); `halt_after` stops after that step as if interrupted,
     keeping the schedule of all cfg.steps, so that a later run can resume it.
 
+    cfg.spike_policy guards every step against loss spikes (jaxscale.spikes); `faults`
+    (spikes.Fault) provoke them, and crashes, on purpose. Every guard event is a line of
+    metrics.jsonl and an entry of result.spike_events.
+
     Under several processes (jax.distributed) every process runs this loop over one global
     mesh, each building only its own rows of every batch (data.sampler); only process 0
     shows progress and writes, and the stop decisions are process 0's, broadcast.
-    A NaN or inf loss stops training at that step (result.nonfinite_step says which). Ctrl-C
-    stops it too: metrics.jsonl and a result.json with "interrupted": true are written, then
-    TrainInterrupted (a KeyboardInterrupt) is raised with the partial result.
+    Without a guard, a NaN or inf loss stops training at that step (result.nonfinite_step
+    says which); with one, that step is skipped. Ctrl-C stops training too: metrics.jsonl
+    and a result.json with "interrupted": true are written, then TrainInterrupted (a
+    KeyboardInterrupt) is raised with the partial result.
     """
     cfg.validate()
+    if cfg.spike_policy == "rollback" and (checkpoint is None or checkpoint.every is None):
+        raise TrainConfigError("spike policy rollback restores the last checkpoint: give a "
+                               "checkpoint directory and a save interval (--checkpoint-dir, "
+                               "--checkpoint-every), or use --spike-policy skip")
     mcfg = modellib.preset(cfg.model)
     corpus = garden.make_corpus(cfg.seed, cfg.n_train_docs, cfg.n_val_docs, mcfg.seq_len)
     floor = corpus.entropy_floor
@@ -258,21 +280,30 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     whole = step_fn.full_params  # whole parameters for evaluation, from any layout
     main = distributed.is_main()  # one voice: only process 0 prints and writes
     progress = progress and main
+    log = log if main else None
+    note = log or (lambda msg, kind="warning": None)
     batches = StepBatches(corpus.train, cfg.batch_size, mcfg.seq_len, cfg.seed)
     losses, norms, val_curve = [], [], []
     tokens = start = 0
-    ckpt = None if checkpoint is None else Checkpointer(checkpoint, log if main else None)
+    # the guarded step when it has something to do; else the plain one, not a bit apart
+    guarded = cfg.spike_policy != "none" or any(f.kind in ("nan", "lr") for f in faults)
+    gs = spikes.GuardState()
+    fault_log = spikes.FaultLog(faults, None if checkpoint is None else
+                                Path(checkpoint.directory) / spikes.FAULTS_FILE, write=main)
+    ckpt = None if checkpoint is None else Checkpointer(checkpoint, log)
+
+    def restore():
+        """The latest checkpoint's step, state (resharded into this plan) and meta."""
+        step, canonical, meta = ckpt.restore(step_fn.canonical, asdict(cfg))
+        return step, step_fn.canonical.from_canonical(canonical), meta
+
     try:  # the checkpointer's threads are released if anything before the loop fails
         if ckpt is not None and checkpoint.resume:
-            start, canonical, meta = ckpt.restore(step_fn.canonical, asdict(cfg))
-            state = step_fn.canonical.from_canonical(canonical)  # resharded into this plan
-            done = meta["metrics"]
-            losses, norms, tokens = done["loss_curve"], done["grad_norms"], done["tokens_seen"]
-            val_curve = [tuple(v) for v in done["val_curve"]]
-            if log and main:
-                log(f"resumed from {ckpt.directory / str(start)} (saved under "
-                    f"{meta['plan_layout']} on {meta['processes']} process(es)), now under "
-                    f"{plan.layout()}", "note")
+            start, state, meta = restore()
+            losses, norms, val_curve, tokens, gs = _resumed_metrics(meta)
+            note(f"resumed from {ckpt.directory / str(start)} (saved under "
+                 f"{meta['plan_layout']} on {meta['processes']} process(es)), now under "
+                 f"{plan.layout()}", "note")
         else:
             state = init_fn(params)
         if halt_after is not None and not start < halt_after:
@@ -291,6 +322,11 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     reached_before = (cfg.stop_gap is not None and bool(val_curve)
                       and val_curve[-1][1] - floor <= cfg.stop_gap)
     end = start if reached_before else cfg.steps
+    window = spikes.Window.rebuild(cfg.spike_window, cfg.spike_z, losses, norms, set(gs.rejected))
+
+    def write(record):
+        if jsonl is not None:
+            jsonl.write(json.dumps(_json_ready(record)) + "\n")
 
     schedule = lr_schedule(cfg)
     bar = Progress(cfg.steps, progress, label="train")
@@ -299,51 +335,113 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     t_start = time.perf_counter()
     compile_s, reached_at, norm_median = 0.0, None, None
     nonfinite_at, interrupted, halted, tokens_before = None, False, False, tokens
+    in_a_row, step, steps_run = 0, start, 0  # steps_run: every step computed, rollbacks too
     try:
-        for step in range(start + 1, end + 1):
-            batch = batches.place(step - 1, step_fn.batch_sharding)  # this process's rows
-            n_tokens = batches.n_tokens(step - 1)
+        while step < end:
+            step += 1
+            data_step = step - 1 + gs.data_offset  # rollbacks skip batches: data runs ahead
+            due = fault_log.due(step)
+            for f in due:
+                gs.events.append({"step": step, "event": "inject", "fault": str(f)})
+                write(gs.events[-1])
+                note(f"step {step}: injecting fault {f}", "note")
+                if f.kind == "crash":
+                    spikes.crash()
+                if f.kind == "lr":
+                    gs.lr_factor *= float(f.arg)
+            bad = next((f for f in due if f.kind == "spike"), None)
+            if bad is None:
+                batch = batches.place(data_step, step_fn.batch_sharding)  # this process's rows
+                n_tokens = batches.n_tokens(data_step)
+            else:
+                batch = spikes.bad_batch(bad.arg, cfg.batch_size, mcfg.seq_len, mcfg.vocab_size,
+                                         cfg.seed, step, step_fn.batch_sharding)
+                n_tokens = cfg.batch_size * mcfg.seq_len
+            guard = None
+            if guarded:
+                loss_max, norm_max = (window.limits() if cfg.spike_policy != "none"
+                                      else (math.inf, math.inf))
+                guard = precision.Guard.make(loss_max, norm_max, gs.lr_factor)
+            if any(f.kind == "nan" for f in due):
+                batch = spikes.poison(batch)
             t0 = time.perf_counter()
-            state, m = step_fn(state, batch)
+            state, m = step_fn(state, batch, guard)
             m = jax.device_get(m)  # waits for the step; one transfer for all metrics
             loss, gnorm = float(m["loss"]), float(m["grad_norm"])
-            if step == start + 1:
+            if steps_run == 0:
                 compile_s = time.perf_counter() - t0
+            steps_run += 1
             losses.append(loss)
             norms.append(gnorm)
             tokens += n_tokens
-            if not math.isfinite(loss):  # diverged: every later step would be NaN too
-                nonfinite_at = step
-            # the gradient norm warns of a loss spike before the loss does
-            elif norm_median is not None and gnorm > 5 * norm_median and log and main:
-                log(f"step {step}: gradient norm {gnorm:.3g} is {gnorm / norm_median:.1f}x "
-                    "its recent median (possible loss spike)")
-            norm_median = float(np.median(norms[-50:]))
-            record = {"step": step, "loss": loss, "grad_norm": gnorm, "n_tokens": n_tokens,
-                      "lr": float(schedule(step - 1)), "loss_scale": float(m["loss_scale"]),
-                      "skipped": int(m["skipped"]),
+            record = {"step": step, "batch": data_step, "loss": loss, "grad_norm": gnorm,
+                      "n_tokens": n_tokens, "lr": float(schedule(step - 1)) * gs.lr_factor,
+                      "loss_scale": float(m["loss_scale"]), "skipped": int(m["skipped"]),
                       "time_s": time.perf_counter() - t_start}
+            action = None
+            if bool(m["accepted"]):
+                in_a_row = 0
+                window.add(loss, gnorm)
+                if not math.isfinite(loss):  # unguarded and diverged: every later step too
+                    nonfinite_at = step
+                # the gradient norm warns of a loss spike before the loss does
+                elif not guarded and norm_median is not None and gnorm > 5 * norm_median:
+                    note(f"step {step}: gradient norm {gnorm:.3g} is "
+                         f"{gnorm / norm_median:.1f}x its recent median (possible loss spike)")
+                norm_median = float(np.median(norms[-50:]))
+            else:
+                action, event = _reject(cfg, ckpt, step, loss, gnorm, guard, note)
+                in_a_row += 1
+                gs.rejected.append(step)
+                gs.events.append(event)
+                record.update(event=event["event"], action=action)
             if nonfinite_at is None and (step % cfg.eval_every == 0 or step == cfg.steps):
                 val = evaluate(eval_fn, whole(state), val_batches)
                 val_curve.append((step, val))
                 record.update(val_loss=val, entropy_floor=floor, gap=val - floor)
                 if cfg.stop_gap is not None and val - floor <= cfg.stop_gap and reached_at is None:
                     reached_at = time.perf_counter() - t_start
-            if jsonl is not None:
-                jsonl.write(json.dumps(_json_ready(record)) + "\n")
+            write(record)
             elapsed = time.perf_counter() - t_start - compile_s
-            rate = (tokens - tokens_before) / elapsed if elapsed > 0 and step > start + 1 else 0.0
+            rate = (tokens - tokens_before) / elapsed if elapsed > 0 and steps_run > 1 else 0.0
             gap_txt = f" gap {val_curve[-1][1] - floor:.3f}" if val_curve else ""
             bar.update(step, f"loss {loss:.3f}{gap_txt} | {rate:,.0f} tok/s")
+            if action == "rollback":
+                ckpt.wait()  # an asynchronous save in flight is the latest checkpoint
+                step, state, meta = restore()
+                losses, norms, val_curve, tokens_at, saved = _resumed_metrics(meta)
+                tokens_before += tokens_at - tokens  # the rate counts the steps computed
+                tokens = tokens_at
+                skipped = [step + saved.data_offset, data_step]  # data indices, inclusive
+                gs = spikes.GuardState(data_step + 1 - step, saved.lr_factor *
+                                       cfg.rollback_lr_factor, saved.rejected,
+                                       gs.events, gs.rollbacks + 1)
+                gs.events.append({"step": record["step"], "event": "rollback", "to": step,
+                                  "skipped_batches": skipped, "lr_factor": gs.lr_factor})
+                write(gs.events[-1])
+                note(f"rolled back to step {step}; batches {skipped[0]}..{skipped[1]} skipped, "
+                     f"learning rate now x{gs.lr_factor:g}", "note")
+                window = spikes.Window.rebuild(cfg.spike_window, cfg.spike_z, losses, norms,
+                                               set(gs.rejected))
+                if gs.rollbacks >= spikes.MAX_ROLLBACKS:
+                    note(f"{gs.rollbacks} rollbacks: stopping here; look at the run")
+                    break
+                continue
+            too_many = in_a_row >= cfg.spike_window
+            if too_many:
+                note(f"the guard rejected {in_a_row} steps in a row: stopping (the run has "
+                     "diverged, or --spike-z is too tight)")
             # process 0's decision, so that every process stops at this step
-            stop = distributed.agree(reached_at is not None or nonfinite_at is not None)
+            stop = distributed.agree(reached_at is not None or nonfinite_at is not None
+                                     or action == "stop" or too_many)
             halted = not stop and halt_after is not None and step >= halt_after
             if (ckpt is not None and nonfinite_at is None
                     and ckpt.due(step, last=stop or halted or step == cfg.steps)):
                 if jsonl is not None:
                     jsonl.flush()  # a resumed run finds every line up to its checkpoint
                 ckpt.save(step, step_fn.canonical.to_canonical(state), run_meta(
-                    cfg, plan, batches.position(step), losses, norms, val_curve, tokens))
+                    cfg, plan, batches.position(step + gs.data_offset), losses, norms,
+                    val_curve, tokens, guard=gs.to_json()))
             if stop or halted:
                 break
     except KeyboardInterrupt:  # Ctrl-C: keep what ran, write it below, then stop the caller
@@ -367,7 +465,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
         tokens_per_s=(tokens - tokens_before) / max(train_s - compile_s, 1e-9),
         loss_scale=float(state.loss_scale), skipped_steps=int(state.skipped),
         reached_gap_at_s=reached_at, nonfinite_step=nonfinite_at, interrupted=interrupted,
-        halted=halted, resumed_from=start or None)
+        halted=halted, resumed_from=start or None, spike_events=gs.events,
+        rollbacks=gs.rollbacks, steps_computed=steps_run)
     if out is not None:
         if not interrupted and any(map(math.isfinite, losses)):
             plot_loss_curve(result, out / "loss_curve.png")
@@ -375,6 +474,31 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     if interrupted:
         raise TrainInterrupted(result)
     return result
+
+
+def _resumed_metrics(meta: dict):
+    """(losses, norms, val_curve, tokens, guard state) as a checkpoint's JSON holds them."""
+    done = meta["metrics"]
+    return (list(done["loss_curve"]), list(done["grad_norms"]),
+            [tuple(v) for v in done["val_curve"]], done["tokens_seen"],
+            spikes.GuardState.from_json(meta.get("guard")))
+
+
+def _reject(cfg, ckpt, step, loss, gnorm, guard, note):
+    """(action, event) for a step the guard rejected: what it was and what happens now."""
+    finite = math.isfinite(loss) and math.isfinite(gnorm)
+    action = cfg.spike_policy if finite and cfg.spike_policy != "none" else "skip"
+    if action == "rollback" and not ckpt.saved_any():
+        action = "skip"  # nothing to roll back to yet
+    event = {"step": step, "event": "spike" if finite else "nonfinite", "action": action,
+             "loss": loss, "grad_norm": gnorm, "loss_max": float(guard.loss_max),
+             "norm_max": float(guard.norm_max)}
+    which = ("loss" if not loss <= guard.loss_max else "gradient norm") if finite else ""
+    note(f"step {step}: " + (f"spike ({which} {loss if which == 'loss' else gnorm:.4g} > "
+                             f"{guard.loss_max if which == 'loss' else guard.norm_max:.4g})"
+                             if finite else f"non-finite loss {loss} / gradient norm {gnorm}")
+         + f": {action}")
+    return action, event
 
 
 def _open_metrics(path: Path, start: int):

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 from jaxscale.cli import EXIT_FAILED, EXIT_INTERRUPTED, _error, _number, enable_compilation_cache
+from jaxscale.supervise import SUPERVISED
 
 
 def register(subparsers) -> None:
@@ -16,6 +18,7 @@ def register(subparsers) -> None:
     from jaxscale.parallel.schedule import SCHEDULES
     from jaxscale.paths import output_dir
     from jaxscale.precision import POLICIES, POLICY_HELP
+    from jaxscale.spikes import SPIKE_POLICIES
     from jaxscale.train import LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
     d = TrainConfig()
@@ -61,9 +64,10 @@ def register(subparsers) -> None:
                    metavar="STAGE", help="ZeRO stage over the dp axis: 1 shards the optimizer "
                                          "state, 2 also the gradients, 3 also the parameters "
                                          "(gathered per layer when needed)")
-    t.add_argument("--micro-batches", type=_number(), default=1, metavar="M",
+    t.add_argument("--micro-batches", type=_number(), default=None, metavar="M",
                    help="gradient accumulation: split each batch into M micro-batches, reduce "
-                        "gradients once per step (default 1)")
+                        "gradients once per step (default 1; with --resume on another mesh, "
+                        "as many as keep the checkpoint's rows per micro-batch)")
     t.add_argument("--schedule", default=d.schedule, choices=list(SCHEDULES), metavar="NAME",
                    help="pipeline schedule over pp: gpipe (all forwards, then all backwards), "
                         "1f1b (one forward, one backward: at most pp micro-batches in flight), "
@@ -99,6 +103,33 @@ def register(subparsers) -> None:
     c.add_argument("--halt-after", type=_number(), default=None, metavar="N",
                    help="stop after step N as if interrupted, keeping the schedule of all "
                         "--steps (save with --checkpoint-every; continue with --resume)")
+    g = t.add_argument_group("spikes and faults", "catch loss spikes as they happen (a "
+                             "rolling z-score of the loss and the gradient norm) and provoke "
+                             "them, or crashes, on purpose")
+    g.add_argument("--spike-policy", default=d.spike_policy, choices=SPIKE_POLICIES,
+                   metavar="POLICY", help="what a spike does: skip (drop the update), "
+                   "rollback (restore the last checkpoint, skip the batches since, lower the "
+                   "learning rate), stop; none: no guard (default). With any guard a "
+                   "non-finite loss or gradient is skipped")
+    g.add_argument("--spike-z", type=_number(float, 0, exclusive=True), default=d.spike_z,
+                   metavar="K", help="a spike is a loss or gradient norm above the mean + K "
+                   f"standard deviations of the window (default {d.spike_z:g})")
+    g.add_argument("--spike-window", type=_number(minimum=2), default=d.spike_window,
+                   metavar="W", help="accepted steps in the rolling statistics; no decision "
+                   f"before W steps (default {d.spike_window})")
+    g.add_argument("--rollback-lr-factor", type=_number(float, 0, exclusive=True),
+                   default=d.rollback_lr_factor, metavar="F",
+                   help=f"each rollback multiplies the learning rate by F (default "
+                        f"{d.rollback_lr_factor:g})")
+    g.add_argument("--inject", action="append", default=[], metavar="FAULT",
+                   help="inject a fault, once per run (repeat the flag for several): "
+                        "nan@STEP (NaN gradients), spike@STEP[:random|repeat|ngram] (a garbage "
+                        "batch), lr@STEP:FACTOR (the learning rate jumps from STEP on), "
+                        "crash@STEP (the process kills itself with SIGKILL)")
+    g.add_argument("--max-restarts", type=_number(minimum=0), default=None, metavar="R",
+                   help="run training in a child process and restart it from its latest "
+                        "checkpoint when it dies, at most R times (needs --checkpoint-dir "
+                        "and --checkpoint-every)")
     distributed.add_arguments(t)
     t.set_defaults(run=run)
 
@@ -161,6 +192,7 @@ def run(args) -> int:
     from jaxscale.checkpoint import CheckpointWriteError
     from jaxscale.distributed import is_main
     from jaxscale.report import plural
+    from jaxscale.spikes import parse_faults
     from jaxscale.train import TrainConfig, TrainConfigError, TrainInterrupted, train
 
     several = args.num_processes is not None and args.num_processes > 1
@@ -170,14 +202,22 @@ def run(args) -> int:
                       lr_schedule=args.lr_schedule, warmup=args.warmup,
                       batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
                       stop_gap=args.stop_gap, precision=args.precision,
-                      mesh=args.mesh or "dp=1", micro_batches=args.micro_batches,
+                      mesh=args.mesh or "dp=1", micro_batches=args.micro_batches or 1,
                       remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
-                      virtual=args.virtual or (2 if args.schedule == "interleaved" else 1))
+                      virtual=args.virtual or (2 if args.schedule == "interleaved" else 1),
+                      spike_policy=args.spike_policy, spike_z=args.spike_z,
+                      spike_window=args.spike_window,
+                      rollback_lr_factor=args.rollback_lr_factor)
+    checkpoint = _checkpoint_options(args)
+    if checkpoint is not None and checkpoint.resume and args.micro_batches is None:
+        cfg = _elastic(cfg, checkpoint.directory)
     cfg.validate()
+    faults = parse_faults(args.inject)
     if args.halt_after is not None and args.halt_after >= cfg.steps:
         raise TrainConfigError(f"--halt-after {args.halt_after} must be below --steps "
                                f"{cfg.steps}; it stops the run early")
-    checkpoint = _checkpoint_options(args)
+    if args.max_restarts is not None and not os.environ.get(SUPERVISED):
+        return _supervise(args, checkpoint)
     if checkpoint is not None and checkpoint.resume:
         from jaxscale.checkpoint import check_resumable
         check_resumable(checkpoint.directory, dataclasses.asdict(cfg),
@@ -194,7 +234,7 @@ def run(args) -> int:
     main = is_main()  # several processes: only process 0 prints
     try:
         result = train(cfg, out_dir=args.out, progress=not args.json, log=log,
-                       checkpoint=checkpoint, halt_after=args.halt_after)
+                       checkpoint=checkpoint, halt_after=args.halt_after, faults=faults)
     except CheckpointWriteError as e:
         _error(str(e))
         return EXIT_FAILED
@@ -215,6 +255,48 @@ def run(args) -> int:
         _error(_diverged_message(result, cfg))
         return EXIT_FAILED
     return 0
+
+
+def _elastic(cfg, directory):
+    """Resuming on another mesh without --micro-batches: the global batch is kept and the
+    micro-batches raised so that no micro-batch has more rows than the checkpoint's
+    (plan.elastic_micro_batches); PlanError when the new dp cannot split the batch."""
+    import dataclasses
+
+    from jaxscale.checkpoint_dir import CheckpointDamaged, complete_steps, read_meta
+    from jaxscale.parallel.plan import Plan, elastic_micro_batches
+
+    try:
+        saved = Plan(**read_meta(directory, complete_steps(directory)[-1])["plan"])
+    except (CheckpointDamaged, KeyError, TypeError):
+        return cfg  # the restore names what is wrong with it
+    m = elastic_micro_batches(saved, cfg.plan(validate=False), cfg.batch_size)
+    if m != cfg.micro_batches:
+        print(f"jaxscale: note: {m} micro-batches per step keep the global batch of "
+              f"{cfg.batch_size} at {cfg.batch_size // (saved.dp * saved.micro_batches)} rows "
+              f"per micro-batch or fewer, as the checkpoint's plan {saved.layout()}",
+              file=sys.stderr)
+        cfg = dataclasses.replace(cfg, micro_batches=m)
+    return cfg
+
+
+def _supervise(args, checkpoint) -> int:
+    """`--max-restarts R`: this process supervises; a child process trains (supervise.py)."""
+    from jaxscale.checkpoint import CheckpointError
+    from jaxscale.report import plural
+    from jaxscale.supervise import describe, supervise
+
+    if checkpoint is None or checkpoint.every is None:
+        raise CheckpointError("--max-restarts restarts from the latest checkpoint: give "
+                              "--checkpoint-dir DIR and --checkpoint-every N")
+    if args.num_processes is not None or args.coordinator is not None:
+        raise CheckpointError("--max-restarts supervises one process; it cannot be combined "
+                              "with --num-processes or --coordinator")
+    done = supervise(args.argv, checkpoint.directory, args.max_restarts, args.resume)
+    if done.restarts and not args.json:
+        print(f"jaxscale: {plural(done.restarts, 'restart')} (" + ", ".join(
+            describe(a.returncode) for a in done.attempts[:-1]) + ")", file=sys.stderr)
+    return done.returncode
 
 
 def _diverged_message(r, cfg) -> str:
@@ -255,6 +337,14 @@ def _print_summary(r, out) -> None:
     if r.halted:
         rows.append(("halted", f"after step {r.steps_run:,} of {r.config['steps']:,} "
                                "(--halt-after); continue with --resume"))
+    guard = [e for e in r.spike_events if e["event"] in ("spike", "nonfinite")]
+    if r.config["spike_policy"] != "none" or r.spike_events:
+        kinds = {k: sum(e["event"] == k for e in guard) for k in ("spike", "nonfinite")}
+        rows.append(("spike guard", f"{r.config['spike_policy']}: "
+                     f"{plural(kinds['spike'], 'spike')}, "
+                     f"{plural(kinds['nonfinite'], 'non-finite step')}, "
+                     f"{plural(r.rollbacks, 'rollback')} "
+                     f"({plural(r.steps_computed, 'step')} computed)"))
     for k, v in rows:
         table.add_row(k, v)
     Console().print(table)

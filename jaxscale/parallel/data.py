@@ -80,15 +80,17 @@ def dp_value_and_grad(graphdef, micro_batches: int = 1):
 
 
 class ShardedStep:
-    """step(state, batch) -> (state, metrics), what every Plan's builder returns: puts the
-    batch's rows on the dp axis (`place_batch`; one device: `mesh` None), then runs
-    `jitted`, the compiled program (lower it to read its HLO). `full_params(state)` gives
-    whole parameters (ZeRO-3 and tp/pp layouts pass their own: they store shards);
-    `canonical` converts the whole state to and from the plan-independent form that
-    checkpoints hold (jaxscale.parallel.canonical)."""
+    """step(state, batch, guard=None) -> (state, metrics), what every Plan's builder
+    returns: puts the batch's rows on the dp axis (`place_batch`; one device: `mesh` None),
+    then runs `jitted`, the compiled program (lower it to read its HLO), or with a
+    `precision.Guard` its guarded twin `guarded` (compiled on first use: a run without a
+    guard never builds it). `full_params(state)` gives whole parameters (ZeRO-3 and tp/pp
+    layouts pass their own: they store shards); `canonical` converts the whole state to
+    and from the plan-independent form that checkpoints hold (jaxscale.parallel.canonical)."""
 
-    def __init__(self, mesh, jitted, full_params=None, canonical=None):
+    def __init__(self, mesh, jitted, full_params=None, canonical=None, guarded=None):
         self.mesh, self.jitted, self.canonical = mesh, jitted, canonical
+        self.guarded = guarded or jitted  # one device: a plain jit takes the guard as is
         self.full_params = full_params or (lambda state: state.params)
         self.batch_sharding = None if mesh is None else NamedSharding(mesh, P(AXIS))
 
@@ -96,8 +98,25 @@ class ShardedStep:
         return jax.device_put({k: batch[k] for k in ("tokens", "targets", "mask")},
                               self.batch_sharding)
 
-    def __call__(self, state, batch):
-        return self.jitted(state, self.place_batch(batch))
+    def place_guard(self, guard: precision.Guard) -> precision.Guard:
+        """The guard's scalars on every device of the mesh (every process gives the same)."""
+        return jax.device_put(guard, None if self.mesh is None
+                              else NamedSharding(self.mesh, P()))
+
+    def __call__(self, state, batch, guard: precision.Guard | None = None):
+        if guard is None:
+            return self.jitted(state, self.place_batch(batch))
+        return self.guarded(state, self.place_batch(batch), self.place_guard(guard))
+
+
+def shard_step(update, mesh, state_specs) -> tuple:
+    """(step, guarded step): `update` (precision.make_step, jit=False) in one shard_map over
+    `mesh`, the state on `state_specs`, the batch's rows on dp, a Guard replicated."""
+    def build(*in_specs):
+        return jax.jit(jax.shard_map(update, mesh=mesh, in_specs=in_specs,
+                                     out_specs=(state_specs, P())))
+    guard_specs = precision.Guard(P(), P(), P())
+    return build(state_specs, P(AXIS)), build(state_specs, P(AXIS), guard_specs)
 
 
 def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes,
@@ -107,8 +126,7 @@ def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes
     mesh = devlib.make_mesh(plan.mesh_shape, devices)
     update = precision.make_step(graphdef, optimizer, pol, jit=False,
                                  grad_fn=dp_value_and_grad(graphdef, plan.micro_batches))
-    compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(P(), P(AXIS)),
-                                     out_specs=(P(), P())))
+    compiled, guarded = shard_step(update, mesh, P())
     replicated = NamedSharding(mesh, P())
 
     def init(params32):
@@ -116,7 +134,7 @@ def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes
         return jax.device_put(state, replicated)  # replicated on every device
 
     canonical = Canonical(precision.Replicated(), optimizer, pol, shapes, mesh, replicated)
-    return init, ShardedStep(mesh, compiled, canonical=canonical)
+    return init, ShardedStep(mesh, compiled, canonical=canonical, guarded=guarded)
 
 
 def replicas_identical(tree) -> bool:

@@ -26,7 +26,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale import devices as devlib, model as modellib, precision
 from jaxscale.parallel.canonical import Canonical
-from jaxscale.parallel.data import AXIS, ShardedStep, accumulated_value_and_grad
+from jaxscale.parallel.data import (AXIS, ShardedStep, accumulated_value_and_grad,
+                                    shard_step)
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
 from jaxscale.parallel.zero import ZeroLayout, check_elementwise
 
@@ -245,9 +246,9 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
             lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec))
         return make(placed)
 
-    compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(state_specs, P(AXIS)),
-                                     out_specs=(state_specs, P())))
+    compiled, guarded = shard_step(update, mesh, state_specs)
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
     return init, ShardedStep(mesh, compiled,
                              jax.jit(lambda state: arrange(state.params, inverse)),
-                             Canonical(layout, optimizer, pol, shapes, mesh, shardings, specs))
+                             Canonical(layout, optimizer, pol, shapes, mesh, shardings, specs),
+                             guarded)

@@ -131,6 +131,31 @@ class Plan:
                         if getattr(self, f) != getattr(default, f)) or "dp=1"
 
 
+def elastic_micro_batches(saved: Plan, plan: Plan, global_batch: int) -> int:
+    """Micro-batches for `plan` that keep the global batch (tokens per step) of a run saved
+    under `saved`, with no more rows per micro-batch than it had (so activation memory per
+    device does not grow): the fewest that fit. A dp that cannot split the global batch is
+    refused with the dp sizes (and device counts) that can: an elastic restart onto fewer
+    devices picks one of those."""
+    rows = global_batch // (saved.dp * saved.micro_batches)
+    if global_batch % plan.dp == 0:
+        for m in range(1, global_batch // plan.dp + 1):
+            if global_batch % (plan.dp * m) == 0 and global_batch // (plan.dp * m) <= rows:
+                try:
+                    Plan(**{**plan.as_dict(), "micro_batches": m}).validate(global_batch)
+                except PlanError:
+                    continue  # a pipeline needs more micro-batches than that
+                return m
+    can = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+    per = plan.tp * plan.pp
+    raise PlanError(
+        f"dp={plan.dp} cannot keep the global batch of {global_batch} documents of the run "
+        f"saved under {saved.layout()} ({rows} rows per micro-batch); dp sizes that can: "
+        f"{', '.join(map(str, can))}" + (f" (devices: dp x {per} = "
+                                         f"{', '.join(str(d * per) for d in can)})"
+                                         if per > 1 else ""))
+
+
 # The keys of a written-out layout (Plan.parse) and the Plan field each sets.
 LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "zero": "zero_stage",
                "micro_batches": "micro_batches", "schedule": "schedule", "virtual": "virtual",

@@ -43,7 +43,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxscale import devices as devlib, model as modellib, precision
 from jaxscale.loss import logits_nll_and_count, nll_and_count
 from jaxscale.parallel.canonical import Canonical
-from jaxscale.parallel.data import AXIS, ShardedStep, accumulated_value_and_grad
+from jaxscale.parallel.data import (AXIS, ShardedStep, accumulated_value_and_grad,
+                                    shard_step)
 
 STACKED = "blocks"  # the parameter subtree whose leaves carry a leading layers axis
 
@@ -261,11 +262,11 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
     def init(params32):
         return jax.device_put(fresh_state(params32), shardings)
 
-    compiled = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(state_specs, P(AXIS)),
-                                     out_specs=(state_specs, P())))
+    compiled, guarded = shard_step(update, mesh, state_specs)
     return init, ShardedStep(mesh, compiled,
                              jax.jit(lambda state: layout.full_params(state.params)),
-                             Canonical(layout, optimizer, pol, param_shapes, mesh, shardings))
+                             Canonical(layout, optimizer, pol, param_shapes, mesh, shardings),
+                             guarded)
 
 
 # Stage 3's traffic, tensor by tensor. A gather runs where a unit uses a tensor: in the
