@@ -153,10 +153,13 @@ LAUNCHED_ENV = "JAXSCALE_LAUNCHED"  # set by `jaxscale launch` in every process 
 
 
 def die_with_parent() -> None:
-    """Under `jaxscale launch` (Linux): ask the kernel to SIGKILL this process when its
-    parent dies, so that a launcher killed outright leaves no process behind. Elsewhere,
-    and outside a launch, nothing."""
-    if not os.environ.get(LAUNCHED_ENV) or not os.uname().sysname == "Linux":
+    """Under `jaxscale launch` or `train --max-restarts` (Linux): ask the kernel to SIGKILL
+    this process when its parent dies, so that a launcher or supervisor killed outright
+    leaves no process behind. Elsewhere, and outside them, nothing."""
+    from jaxscale.supervise import SUPERVISED
+
+    if (not (os.environ.get(LAUNCHED_ENV) or os.environ.get(SUPERVISED))
+            or not os.uname().sysname == "Linux"):
         return
     import ctypes
     import signal

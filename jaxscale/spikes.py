@@ -11,7 +11,8 @@ metrics every device and every process decides alike. What then happens is the p
     skip      the update is dropped (parameters and optimizer state unchanged bit for
               bit), the step counted; what OLMo-core, levanter and MaxText do
     rollback  the last checkpoint is restored, the batches between it and the spike are
-              skipped and the learning rate is scaled down: what PaLM and OPT-175B did
+              skipped and the learning rate is scaled down from where it stood (so a
+              second rollback lowers it again): what PaLM and OPT-175B did
     stop      the run stops after the rejected step (its state is the clean one before)
 
 A non-finite loss or gradient is always skipped and counted, whatever the policy.
@@ -22,7 +23,8 @@ beside the checkpoints, written before the fault acts):
     nan@STEP              the step's loss and gradients become NaN (a NaN in its batch)
     spike@STEP[:KIND]     the step's batch is garbage: KIND random tokens (default), one
                           token repeated (repeat), or one 8-gram repeated (ngram)
-    lr@STEP:FACTOR        the learning rate is multiplied by FACTOR from STEP on
+    lr@STEP:FACTOR        the learning rate is multiplied by FACTOR from STEP on (a rollback
+                          to before STEP does not bring the jump back: it fired once)
     crash@STEP            the process kills itself (SIGKILL) as STEP begins
 """
 from __future__ import annotations
@@ -132,13 +134,17 @@ class Window:
     def add(self, loss: float, norm: float) -> None:
         self.values.append((loss, norm))
 
+    def stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) of [loss, grad norm] over the window; std has a floor of 1e-3 x
+        |mean|, so that a window of equal values does not turn every rounding into a spike."""
+        v = np.asarray(self.values, np.float64).reshape(-1, 2)
+        mean = v.mean(axis=0)
+        return mean, np.maximum(v.std(axis=0), 1e-3 * np.abs(mean))
+
     def limits(self) -> tuple[float, float]:
         if len(self.values) < self.size:
             return math.inf, math.inf
-        v = np.asarray(self.values, np.float64)
-        mean, std = v.mean(axis=0), v.std(axis=0)
-        # a floor on std: a window of equal values must not turn every rounding into a spike
-        std = np.maximum(std, 1e-3 * np.abs(mean))
+        mean, std = self.stats()
         loss_max, norm_max = mean + self.z * std
         return float(loss_max), float(norm_max)
 

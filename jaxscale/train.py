@@ -374,7 +374,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             losses.append(loss)
             norms.append(gnorm)
             tokens += n_tokens
-            record = {"step": step, "batch": data_step, "loss": loss, "grad_norm": gnorm,
+            record = {"step": step, "batch": data_step, "wall": time.time(),
+                      "loss": loss, "grad_norm": gnorm,
                       "n_tokens": n_tokens, "lr": float(schedule(step - 1)) * gs.lr_factor,
                       "loss_scale": float(m["loss_scale"]), "skipped": int(m["skipped"]),
                       "time_s": time.perf_counter() - t_start}
@@ -385,7 +386,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
                 if not math.isfinite(loss):  # unguarded and diverged: every later step too
                     nonfinite_at = step
                 # the gradient norm warns of a loss spike before the loss does
-                elif not guarded and norm_median is not None and gnorm > 5 * norm_median:
+                elif (cfg.spike_policy == "none" and norm_median is not None
+                      and gnorm > 5 * norm_median):
                     note(f"step {step}: gradient norm {gnorm:.3g} is "
                          f"{gnorm / norm_median:.1f}x its recent median (possible loss spike)")
                 norm_median = float(np.median(norms[-50:]))
@@ -413,8 +415,10 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
                 tokens_before += tokens_at - tokens  # the rate counts the steps computed
                 tokens = tokens_at
                 skipped = [step + saved.data_offset, data_step]  # data indices, inclusive
-                gs = spikes.GuardState(data_step + 1 - step, saved.lr_factor *
-                                       cfg.rollback_lr_factor, saved.rejected,
+                # the rate is lowered from where it stood at the spike, not from the
+                # checkpoint's: one saved after a bad update would restore it unchanged
+                gs = spikes.GuardState(data_step + 1 - step,
+                                       gs.lr_factor * cfg.rollback_lr_factor, saved.rejected,
                                        gs.events, gs.rollbacks + 1)
                 gs.events.append({"step": record["step"], "event": "rollback", "to": step,
                                   "skipped_batches": skipped, "lr_factor": gs.lr_factor})

@@ -109,10 +109,31 @@ def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
         main(_to_tmp([a for a in argv if a != "--resume"], tmp_path))
 
 
+def _child_of_supervisor(argv, monkeypatch) -> list[str]:
+    """A --max-restarts line runs its supervisor up to starting the child: the child's
+    command line, which is then run here as the child would (the supervisor's variable set)."""
+    from jaxscale import supervise
+
+    children = []
+
+    def start(argv, *args, **kwargs):
+        children.append(argv)
+        raise _Stop
+
+    monkeypatch.setattr(supervise, "supervise", start)
+    with pytest.raises(_Stop):
+        main(argv)
+    monkeypatch.setenv(supervise.SUPERVISED, "1")
+    return children[0]
+
+
 @pytest.mark.parametrize("argv", TRAIN_LINES, ids=[_ids(a) for a in TRAIN_LINES])
 def test_train_line_gets_to_the_training_loop(tmp_path, monkeypatch, argv):
     if "--resume" in argv:
         _save_a_checkpoint_as(argv, tmp_path, monkeypatch)
+    argv = _to_tmp(argv, tmp_path)
+    if "--max-restarts" in argv:
+        argv = _child_of_supervisor(argv, monkeypatch)
     configs = []
 
     def stop(cfg, **kwargs):
@@ -121,7 +142,7 @@ def test_train_line_gets_to_the_training_loop(tmp_path, monkeypatch, argv):
 
     monkeypatch.setattr(train_module, "train", stop)
     with pytest.raises(_Stop):
-        main(_to_tmp(argv, tmp_path))
+        main(argv)
     (cfg,) = configs
     assert cfg.steps >= 1 and cfg.plan().n_devices >= 1
 

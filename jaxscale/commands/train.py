@@ -208,14 +208,14 @@ def run(args) -> int:
                       spike_policy=args.spike_policy, spike_z=args.spike_z,
                       spike_window=args.spike_window,
                       rollback_lr_factor=args.rollback_lr_factor)
+    if args.halt_after is not None and args.halt_after >= cfg.steps:
+        raise TrainConfigError(f"--halt-after {args.halt_after} must be below --steps "
+                               f"{cfg.steps}; it stops the run early")
     checkpoint = _checkpoint_options(args)
     if checkpoint is not None and checkpoint.resume and args.micro_batches is None:
         cfg = _elastic(cfg, checkpoint.directory)
     cfg.validate()
     faults = parse_faults(args.inject)
-    if args.halt_after is not None and args.halt_after >= cfg.steps:
-        raise TrainConfigError(f"--halt-after {args.halt_after} must be below --steps "
-                               f"{cfg.steps}; it stops the run early")
     if args.max_restarts is not None and not os.environ.get(SUPERVISED):
         return _supervise(args, checkpoint)
     if checkpoint is not None and checkpoint.resume:
