@@ -261,7 +261,8 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
               batch_factor: float | jax.Array = 1.0, grad_fn=None, jit: bool = True,
               layout=None):
     """A step(state, batch, guard=None) -> (state, metrics) applying `pol` (jitted unless
-    jit=False); with a `Guard`, an update outside its limits is dropped (see the top).
+    jit=False); with a `Guard` (or its vector, ShardedStep.place_guard), an update outside
+    its limits is dropped (see the top).
 
     batch_factor > 1 divides the loss before the backward pass and multiplies the fp32
     gradients back afterwards: the low-precision backward pass then carries gradients as
@@ -274,7 +275,9 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
     plain = pol.loss_scale == "none" and isinstance(batch_factor, (int, float)) and batch_factor == 1
     grad_fn = local_value_and_grad(graphdef) if grad_fn is None else grad_fn
 
-    def step(state: TrainState, batch, guard: Guard | None = None):
+    def step(state: TrainState, batch, guard: Guard | jax.Array | None = None):
+        if guard is not None:  # a Guard, or its three scalars as one vector
+            guard = Guard(*(guard[i] for i in range(3)))
         loss, grads = grad_fn(state.params, batch,
                               None if plain else state.loss_scale / batch_factor)
         unscale = batch_factor / state.loss_scale

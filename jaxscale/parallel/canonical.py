@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -111,7 +113,11 @@ class Canonical:
                              layout.copy_from_canonical)
 
         if mesh is None and type(layout) is precision.Replicated:  # Plan(): already canonical
-            self.to_canonical = self.from_canonical = lambda state: state  # (no copy to wait for)
+            self.to_canonical = lambda state: state  # (no copy to wait for)
+            # a restored state is committed to its device, a fresh one is not: uncommitted
+            # (by way of the host, once per restore), the step needs one program, not two
+            self.from_canonical = lambda state: jax.tree.map(
+                lambda x: jnp.asarray(np.asarray(x)), state)
             return
         self.to_canonical = jax.jit(to, out_shardings=self.shardings)
         self.from_canonical = jax.jit(back, out_shardings=state_shardings or self.shardings)

@@ -93,15 +93,16 @@ class ShardedStep:
         self.guarded = guarded or jitted  # one device: a plain jit takes the guard as is
         self.full_params = full_params or (lambda state: state.params)
         self.batch_sharding = None if mesh is None else NamedSharding(mesh, P(AXIS))
+        self.guard_sharding = None if mesh is None else NamedSharding(mesh, P())
 
     def place_batch(self, batch: dict) -> dict:
         return jax.device_put({k: batch[k] for k in ("tokens", "targets", "mask")},
                               self.batch_sharding)
 
-    def place_guard(self, guard: precision.Guard) -> precision.Guard:
-        """The guard's scalars on every device of the mesh (every process gives the same)."""
-        return jax.device_put(guard, None if self.mesh is None
-                              else NamedSharding(self.mesh, P()))
+    def place_guard(self, guard: precision.Guard) -> jax.Array:
+        """The guard's scalars as one float32 vector on every device of the mesh (every
+        process gives the same): one transfer a step, not one per scalar."""
+        return jax.device_put(np.asarray(guard, np.float32), self.guard_sharding)
 
     def __call__(self, state, batch, guard: precision.Guard | None = None):
         if guard is None:
@@ -111,12 +112,12 @@ class ShardedStep:
 
 def shard_step(update, mesh, state_specs) -> tuple:
     """(step, guarded step): `update` (precision.make_step, jit=False) in one shard_map over
-    `mesh`, the state on `state_specs`, the batch's rows on dp, a Guard replicated."""
+    `mesh`, the state on `state_specs`, the batch's rows on dp, the guard's vector
+    replicated (ShardedStep.place_guard)."""
     def build(*in_specs):
         return jax.jit(jax.shard_map(update, mesh=mesh, in_specs=in_specs,
                                      out_specs=(state_specs, P())))
-    guard_specs = precision.Guard(P(), P(), P())
-    return build(state_specs, P(AXIS)), build(state_specs, P(AXIS), guard_specs)
+    return build(state_specs, P(AXIS)), build(state_specs, P(AXIS), P())
 
 
 def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes,

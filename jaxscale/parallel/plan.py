@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import jax
 import optax
 from flax import nnx
 
@@ -189,9 +188,5 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
         canonical = Canonical(precision.Replicated(), optimizer, pol, shapes, None)
         step = ShardedStep(None, precision.make_step(graphdef, optimizer, pol),
                            canonical=canonical)
-
-        def init(params32):  # committed to its device, as a restored state is: one program
-            return jax.device_put(precision.init_state(params32, optimizer, pol),
-                                  canonical.shardings)
-        return init, step
+        return (lambda params32: precision.init_state(params32, optimizer, pol)), step
     return build_data_parallel(graphdef, plan, optimizer, pol, shapes, devices)
