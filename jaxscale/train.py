@@ -244,8 +244,13 @@ def init_state(cfg: TrainConfig):
 
 def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = True,
           log=None, checkpoint: CheckpointOptions | None = None,
-          halt_after: int | None = None, faults=()) -> TrainResult:
+          halt_after: int | None = None, faults=(),
+          corpus: garden.Corpus | None = None) -> TrainResult:
     """Train on the garden corpus; write metrics.jsonl, loss_curve.png, result.json into out_dir.
+
+    `corpus` replaces the one cfg describes (make_corpus(cfg.seed, cfg.n_train_docs, ...)):
+    the data experiment trains on a duplicated and a deduplicated set this way. Its
+    seq_len must be the model's; a checkpoint records the data position, not the corpus.
 
     `checkpoint` saves the state every so many steps (and at the last) and, with resume,
     continues from the latest complete checkpoint under this config's plan, whichever plan
@@ -270,7 +275,13 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
                                "checkpoint directory and a save interval (--checkpoint-dir, "
                                "--checkpoint-every), or use --spike-policy skip")
     mcfg = modellib.preset(cfg.model)
-    corpus = garden.make_corpus(cfg.seed, cfg.n_train_docs, cfg.n_val_docs, mcfg.seq_len)
+    if corpus is None:
+        corpus = garden.make_corpus(cfg.seed, cfg.n_train_docs, cfg.n_val_docs, mcfg.seq_len)
+    elif corpus.seq_len != mcfg.seq_len or len(corpus.train) < cfg.batch_size:
+        raise TrainConfigError(f"the corpus given has seq_len {corpus.seq_len} and "
+                               f"{len(corpus.train)} documents; model {cfg.model} needs "
+                               f"seq_len {mcfg.seq_len} and at least one batch "
+                               f"({cfg.batch_size})")
     floor = corpus.entropy_floor
     val_batches = corpus.val_batches(cfg.batch_size * 4)
     graphdef, params, optimizer = init_state(cfg)

@@ -8,6 +8,7 @@ the run is replaced (the compare tests run the command itself, end to end and --
 `launch` lines run up to starting their processes: every check passed, each process's
 command line built and parsed (tests/test_multiprocess.py launches for real).
 """
+import json
 import re
 import shlex
 from pathlib import Path
@@ -19,7 +20,7 @@ from jaxscale.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CALCULATORS = {"memory", "comm", "failures", "plan", "schedule"}
-FILE_OPTIONS = {"--png", "--out", "--checkpoint-dir"}
+FILE_OPTIONS = {"--png", "--out", "--checkpoint-dir", "--input", "--validation"}
 
 
 def readme_commands() -> list[tuple[list[str], str]]:
@@ -44,6 +45,7 @@ CALCULATOR_LINES = [(a, c) for a, c in COMMANDS if a[0] in CALCULATORS]
 TRAIN_LINES = [a for a, _ in COMMANDS if a[0] == "train"]
 COMPARE_LINES = [a for a, _ in COMMANDS if a[0] == "compare"]
 LAUNCH_LINES = [a for a, _ in COMMANDS if a[0] == "launch"]
+DATA_LINES = [a for a, _ in COMMANDS if a[0] == "data"]
 
 
 def _ids(argv) -> str:
@@ -189,3 +191,38 @@ def test_launch_line_gets_to_its_processes(tmp_path, monkeypatch, argv):
     for i, child in enumerate(argvs):  # each child's own command line parses
         cli.build_parser().parse_args(child[3:])
         assert child[child.index("--process-id") + 1] == str(i)
+
+
+def test_the_readme_shows_data_clean():
+    assert len(DATA_LINES) >= 3 and any("--input" in a for a in DATA_LINES)
+
+
+@pytest.mark.parametrize("argv", DATA_LINES, ids=[_ids(a) for a in DATA_LINES])
+def test_data_line_runs(cli, tmp_path, monkeypatch, argv):
+    """Each `data clean` line, end to end, on at most 600 pages: its --input and
+    --validation files made here (garden web pages as JSONL, validation documents as
+    text), --devices taken from the session's eight."""
+    import jax
+
+    from jaxscale.commands import compare_runner
+    from jaxscale.data.web import make_web
+
+    monkeypatch.setattr(compare_runner, "pick_devices", lambda platform, n: jax.devices()[:n])
+    argv = _to_tmp(argv, tmp_path)
+    web = make_web(600, seed=0)
+    for flag, lines in (("--input", [json.dumps({"id": i, "text": t})
+                                     for i, t in zip(web.ids, web.texts)]),
+                        ("--validation", list(web.validation))):
+        if flag in argv:
+            path = tmp_path / Path(argv[argv.index(flag) + 1]).name
+            path.write_text("\n".join(lines) + "\n")
+            argv[argv.index(flag) + 1] = str(path)
+    if "--docs" in argv:
+        i = argv.index("--docs") + 1
+        argv[i] = str(min(int(argv[i]), 600))
+    elif "--input" not in argv:  # the default corpus, smaller
+        argv += ["--docs", "600"]
+    result = cli(*argv, *([] if "--json" in argv else ["--json"]))
+    assert 0 < result["kept"] < result["docs"] <= 600
+    if "--out" in argv:
+        assert (tmp_path / Path(argv[argv.index("--out") + 1]).name / "kept.jsonl").is_file()
