@@ -87,17 +87,6 @@ def fast_hash32(data: bytes) -> int:
     return fmix32(h)
 
 
-def fmix32_array(h: np.ndarray) -> np.ndarray:
-    """fmix32 elementwise on a uint32 array (numpy's uint32 arithmetic wraps, as intended)."""
-    h = h.astype(np.uint32, copy=True)
-    h ^= h >> np.uint32(16)
-    h *= np.uint32(0x85EBCA6B)
-    h ^= h >> np.uint32(13)
-    h *= np.uint32(0xC2B2AE35)
-    h ^= h >> np.uint32(16)
-    return h
-
-
 def _row_codes(rows: np.ndarray, base: int) -> np.ndarray:
     """An int64 per row, equal exactly for equal rows of small non-negative ints < base:
     the row read as a number in base `base` when that fits 63 bits, else its rank."""
