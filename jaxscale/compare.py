@@ -156,15 +156,17 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
 
 
 def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices,
-                 time_steps: bool = True, repeats: int = 15, keep_params: bool = False) -> dict:
+                 time_steps: bool = True, repeats: int = 15, keep_params: bool = False,
+                 profile=None) -> dict:
     """Train `plan` on `batches` (a data.sampler.StepBatches, or FixedBatches of host
     dicts) and measure it (see the module docstring); without `time_steps` the step time is
     left out (step_s is None). Under several processes every process whose devices the
     plan uses runs this; memory is read on this process's first device of the plan.
-    `keep_params`: the final whole parameters, as host arrays by name, in "_final_params"."""
+    `keep_params`: the final whole parameters, as host arrays by name, in "_final_params".
+    `profile`: a folder for a jax.profiler trace of the training steps (compiled before)."""
     import jax
 
-    from jaxscale import distributed
+    from jaxscale import distributed, profiling
     init, step = build_train_step(cfg, plan, optimizer, devices[:plan.n_devices])
     state = init(params)
     place = lambda i: batches.place(i, step.batch_sharding)  # noqa: E731 - this process's rows
@@ -177,9 +179,12 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
     sent = measure.ring_bytes_by_op(hlo, share)
     mem = measure.memory(compiled)
     losses = []
-    for i in range(len(batches)):  # float() waits for each step: dispatch never runs ahead
-        state, metrics = compiled(state, place(i))
-        losses.append(float(metrics["loss"]))
+    prof = profiling.Profiler(profile)
+    with prof.trace():
+        for i in range(len(batches)):  # float() waits for each step: never runs ahead
+            with prof.step(i):
+                state, metrics = compiled(state, place(i))
+                losses.append(float(metrics["loss"]))
     timing = (measure.step_seconds(lambda: compiled(state, placed), repeats=repeats)
               if time_steps else {})  # the whole output, not only the loss
     here = next(d for d in devices[:plan.n_devices] if d.process_index == jax.process_index())

@@ -114,6 +114,46 @@ def force_cpu_devices(n: int) -> list[jax.Device]:
     return devices
 
 
+# --platform: where a command runs. auto: the accelerators if JAX has any, else the CPU.
+PLATFORMS = ("auto", "cpu", "gpu", "tpu")
+
+
+def pick_devices(platform: str = "auto", n: int | None = None) -> list[jax.Device]:
+    """The devices a command runs on, chosen before JAX's backend starts where it can be.
+
+    cpu: n forced host-CPU devices (JAX is told to start no accelerator, so a GPU machine
+    can run the CPU path too); auto: the accelerators when there are any, else n forced
+    CPU devices; gpu / tpu: the first n of that platform's devices (all of them when n is
+    None), and a clear DeviceError when there are none or too few. n None on the CPU: the
+    devices the backend has (one unless forced)."""
+    if platform not in PLATFORMS:
+        raise DeviceError(f"unknown platform {platform!r}; choose from {', '.join(PLATFORMS)}")
+    started = _backend_started()
+    if platform == "cpu" or platform == "auto":
+        if not started:
+            if platform == "cpu":
+                jax.config.update("jax_platforms", "cpu")
+            configure_cpu_runtime(n or 1)  # used only if the CPU is all there is
+        if platform == "cpu" or jax.default_backend() == "cpu":
+            return jax.devices("cpu") if n is None else force_cpu_devices(n)
+        found = jax.devices()
+    else:
+        if not started:  # only this accelerator (and the host CPU beside it)
+            jax.config.update("jax_platforms", f"{platform},cpu")
+        try:
+            found = jax.devices(platform)
+        except RuntimeError as e:
+            reason = str(e).splitlines()[0][:200]
+            raise DeviceError(f"--platform {platform}: no {platform} devices here ({reason}); "
+                              f"choose from {', '.join(PLATFORMS)} (auto: an accelerator if "
+                              "present, else the CPU)") from None
+    if n is not None and len(found) < n:
+        raise DeviceError(f"{n} devices asked for, but only {len(found)} "
+                          f"{found[0].platform} device{'s are' if len(found) > 1 else ' is'} "
+                          "present")
+    return found if n is None else found[:n]
+
+
 @dataclass(frozen=True)
 class MeshShape:
     """Sizes of the dp, pp and tp mesh axes (1 where absent)."""

@@ -10,6 +10,12 @@ axis, and the forward pass runs `jax.lax.scan` over it. Pipeline parallelism lat
 that axis across stages (jaxscale.parallel.pipeline); no second model is written. Every parameter carries logical axis
 names (`axes` metadata: vocab, embed, heads, head_dim, mlp, layers, position) that a
 sharding Plan maps onto mesh axes.
+
+Three choices change how the model computes, never what (each is a static attribute of
+the graph and a Plan field): `remat` (what backward recomputes), `attention` (the kernel:
+see ATTENTION_KERNELS) and `unroll` (the layers as one compiled loop body run L times, or
+written out L times: a loop compiles once per shape whatever L is; unrolled code lets XLA
+schedule and fuse across layers, which GPU recipes prefer).
 """
 from __future__ import annotations
 
@@ -65,6 +71,10 @@ PRESETS: dict[str, ModelConfig] = {
     # still tiny, but with 8 layers and 8 heads: tp, pp up to 8 and interleaving (pp=4, v=2)
     "tiny8": _garden(d_model=32, n_layers=8, n_heads=8, d_ff=128),
     "small": _garden(d_model=256, n_layers=4, n_heads=8, d_ff=1024),
+    # one GPU, minutes: GPT-2-medium's shape (302M matmul parameters) on packed garden rows
+    # of 1,024 tokens (garden.pack), the vocabulary padded to 128 for the tensor cores
+    "mid": ModelConfig(vocab_size=128, seq_len=1024, d_model=1024, n_layers=24,
+                       n_heads=16, d_ff=4096),
     "1b": ModelConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_layers=18,
                       n_heads=16, d_ff=8192),
     "7b": ModelConfig(vocab_size=32000, seq_len=4096, d_model=4096, n_layers=32,
@@ -80,6 +90,14 @@ def preset(name: str) -> ModelConfig:
     if name not in PRESETS:
         raise ModelConfigError(f"unknown model {name!r}; choose from {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def check_platform(name: str, platform: str) -> None:
+    """Refuse to run a GPU/TPU-sized preset on CPU devices, before anything is built."""
+    if platform == "cpu" and name not in CPU_PRESETS:
+        raise ModelConfigError(
+            f"model {name!r} is sized for GPU/TPU; on cpu devices use one of "
+            f"{', '.join(CPU_PRESETS)} (or --platform gpu on a GPU machine)")
 
 
 def param_count(cfg: ModelConfig) -> int:
@@ -126,14 +144,32 @@ REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable
                   "matmuls": jax.checkpoint_policies.dots_saveable}
 
 
+# Attention kernels, one function: "einsum" writes softmax(QK^T/sqrt(k) + causal mask)V out
+# (the reference; it builds the T x T scores and mask); "xla" and "cudnn" call
+# jax.nn.dot_product_attention(is_causal=True) with that implementation: "xla" lowers to
+# the same einsums (any platform), "cudnn" is cuDNN's fused flash attention (NVIDIA GPUs,
+# bf16/fp16 only), which never materialises the T x T scores.
+ATTENTION_KERNELS = ("einsum", "xla", "cudnn")
+
+
+def check_compute(remat: str = "none", attention: str = "einsum") -> None:
+    """Raise ModelConfigError naming a remat policy or attention kernel that is unknown."""
+    if remat not in REMAT_POLICIES:
+        raise ModelConfigError(f"unknown remat policy {remat!r}; choose from "
+                               f"{', '.join(REMAT_POLICIES)}")
+    if attention not in ATTENTION_KERNELS:
+        raise ModelConfigError(f"unknown attention kernel {attention!r}; choose from "
+                               f"{', '.join(ATTENTION_KERNELS)}")
+
+
 class Blocks(nnx.Module):
     """All transformer blocks, every parameter stacked along a leading `layers` axis."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, remat: str = "none"):
-        if remat not in REMAT_POLICIES:
-            raise ModelConfigError(f"unknown remat policy {remat!r}; choose from "
-                                   f"{', '.join(REMAT_POLICIES)}")
-        self.remat = remat  # a static attribute: part of the graphdef, not of the params
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, remat: str = "none",
+                 attention: str = "einsum", unroll: bool = False):
+        check_compute(remat, attention)
+        # static attributes: part of the graphdef, not of the params
+        self.remat, self.attention, self.unroll = remat, attention, bool(unroll)
         L, d, h, k, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
         normal = jax.nn.initializers.normal(cfg.init_std)
         # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2L)
@@ -157,23 +193,27 @@ class Blocks(nnx.Module):
 class Transformer(nnx.Module):
     """Causal language model: token ids [B, T] -> logits [B, T, vocab]."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, remat: str = "none"):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, remat: str = "none",
+                 attention: str = "einsum", unroll: bool = False):
         self.cfg = cfg
         normal = jax.nn.initializers.normal(cfg.init_std)
         self.tok_embed = _param(normal, rngs.params(), (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
         self.pos_embed = _param(normal, rngs.params(), (cfg.seq_len, cfg.d_model), ("position", "embed"))
-        self.blocks = Blocks(cfg, rngs, remat)
+        self.blocks = Blocks(cfg, rngs, remat, attention, unroll)
         self.ln_f = LayerNorm(cfg.d_model)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         t = tokens.shape[-1]
         if t > self.cfg.seq_len:
             raise ModelConfigError(f"sequence of {t} tokens exceeds seq_len={self.cfg.seq_len}")
-        return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, self.blocks.remat)
+        b = self.blocks
+        return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, b.remat,
+                       attention=b.attention, unroll=b.unroll)
 
 
 def forward(params: dict, tokens: jax.Array, remat: str = "none",
-            tp_axis: str | None = None) -> jax.Array:
+            tp_axis: str | None = None, *, attention: str = "einsum",
+            unroll: bool = False) -> jax.Array:
     """The model as a pure function of its parameters (a nested dict): token ids -> logits.
 
     Three units run in turn: `embed` (token + position embeddings), the L blocks (`layers`:
@@ -182,7 +222,9 @@ def forward(params: dict, tokens: jax.Array, remat: str = "none",
     over that mesh axis (see `block`). ZeRO-3 runs the same units on gathered slices
     (jaxscale.parallel.zero.forward_gathered), a pipeline one stage's layers at a time.
     """
-    return head(params, layers(params["blocks"], embed(params, tokens), remat, tp_axis))
+    x = layers(params["blocks"], embed(params, tokens), remat, tp_axis,
+               attention=attention, unroll=unroll)
+    return head(params, x)
 
 
 def embed(p, tokens):
@@ -190,14 +232,16 @@ def embed(p, tokens):
     return p["tok_embed"][tokens] + p["pos_embed"][:tokens.shape[-1]]
 
 
-def layers(blocks, x, remat: str = "none", tp_axis: str | None = None):
+def layers(blocks, x, remat: str = "none", tp_axis: str | None = None, *,
+           attention: str = "einsum", unroll: bool = False):
     """Run a stack of blocks (leading layers axis) over x with `lax.scan`: all of the
-    model's layers, or one pipeline stage's share of them."""
+    model's layers, or one pipeline stage's share of them. `unroll` writes the L layers
+    out one after another (scan's unroll=True: no loop left in the program)."""
     def layer(h, p):
-        return block(p, h, tp_axis), None
+        return block(p, h, tp_axis, attention), None
     if remat != "none":
         layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
-    return jax.lax.scan(layer, x, blocks)[0]
+    return jax.lax.scan(layer, x, blocks, unroll=True if unroll else 1)[0]
 
 
 def head(p, x):
@@ -224,20 +268,29 @@ def _same(x):
     return x
 
 
-def attention(p, x, reduce=_same):
-    """Multi-head causal self-attention; heads are independent until the output projection.
-    `reduce` sums the heads' partial outputs over devices when they are split (tensor
-    parallelism); the output bias is added once, after it."""
-    q = jnp.einsum("btd,dhk->bthk", x, p["wq"]) + p["bq"]
-    k = jnp.einsum("btd,dhk->bthk", x, p["wk"]) + p["bk"]
-    v = jnp.einsum("btd,dhk->bthk", x, p["wv"]) + p["bv"]
+def causal_attention(q, k, v):
+    """softmax(q k^T / sqrt(head_dim), causal) v for q, k, v [B, T, heads, head_dim], written
+    out: the reference the fused kernels are checked against."""
     scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(q.shape[-1])
-    t = x.shape[1]
+    t = q.shape[1]
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
     scores = scores.astype(jnp.float32)  # softmax in fp32, as mixed precision does
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    out = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+    weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    return jnp.einsum("bhqs,bshk->bqhk", weights, v)
+
+
+def attention(p, x, reduce=_same, kernel: str = "einsum"):
+    """Multi-head causal self-attention; heads are independent until the output projection.
+    `reduce` sums the heads' partial outputs over devices when they are split (tensor
+    parallelism); the output bias is added once, after it. `kernel`: ATTENTION_KERNELS."""
+    q = jnp.einsum("btd,dhk->bthk", x, p["wq"]) + p["bq"]
+    k = jnp.einsum("btd,dhk->bthk", x, p["wk"]) + p["bk"]
+    v = jnp.einsum("btd,dhk->bthk", x, p["wv"]) + p["bv"]
+    if kernel == "einsum":
+        out = causal_attention(q, k, v)
+    else:  # the same [B, T, heads, head_dim] layout; scale 1/sqrt(head_dim) by default
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=kernel)
     return reduce(jnp.einsum("bthk,hkd->btd", out, p["wo"])) + p["bo"]
 
 
@@ -255,7 +308,7 @@ def tp_operators(tp_axis: str | None):
             lambda y: jax.lax.psum(y, tp_axis))
 
 
-def block(p, x, tp_axis: str | None = None):
+def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum"):
     """One pre-LN transformer block: x + attn(LN(x)), then + mlp(LN(.)).
 
     With `tp_axis` (inside shard_map) `p` holds this device's share of the heads and of the
@@ -267,7 +320,8 @@ def block(p, x, tp_axis: str | None = None):
     Two all-reduces per layer forward (attention, MLP) and two backward.
     """
     enter, reduce = tp_operators(tp_axis)
-    x = x + attention(p, enter(layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"])), reduce)
+    h = enter(layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"]))
+    x = x + attention(p, h, reduce, attention_kernel)
     return x + mlp(p, enter(layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"])), reduce)
 
 
@@ -275,14 +329,15 @@ def block(p, x, tp_axis: str | None = None):
 # Construction helpers
 # --------------------------------------------------------------------------------------
 
-def build(cfg: ModelConfig, seed: int = 0, remat: str = "none") -> Transformer:
-    """A freshly initialised model (deterministic in `seed`)."""
-    return Transformer(cfg, rngs=nnx.Rngs(params=seed), remat=remat)
+def build(cfg: ModelConfig, seed: int = 0, remat: str = "none", **compute) -> Transformer:
+    """A freshly initialised model (deterministic in `seed`); `compute`: attention, unroll."""
+    return Transformer(cfg, rngs=nnx.Rngs(params=seed), remat=remat, **compute)
 
 
-def abstract(cfg: ModelConfig, remat: str = "none"):
+def abstract(cfg: ModelConfig, remat: str = "none", **compute):
     """The model's parameter shapes and dtypes without allocating them (for big presets)."""
-    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0), remat=remat))
+    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0), remat=remat,
+                                              **compute))
 
 
 def count_params(model: Transformer) -> int:

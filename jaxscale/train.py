@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxscale import distributed, garden, model as modellib, optim, precision, spikes
+from jaxscale import distributed, garden, model as modellib, optim, precision, profiling, spikes
 from jaxscale.checkpoint import Checkpointer, CheckpointOptions, run_meta
 from jaxscale.data.sampler import StepBatches
 from jaxscale.loss import loss_fn, nll_and_count  # noqa: F401  (re-exported)
@@ -41,6 +41,7 @@ class TrainInterrupted(KeyboardInterrupt):
 
 
 OPTIMIZERS = tuple(optim.OPTIMIZERS)
+PROFILE_STEPS = 10  # steps a --profile trace holds (more make files of many megabytes)
 LR_SCHEDULES = ("cosine", "constant")
 
 
@@ -61,6 +62,8 @@ class TrainConfig:
     mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
     remat: str = "none"  # activation recomputation: none, full, matmuls
+    attention: str = "einsum"  # attention kernel: einsum (reference), xla, cudnn (GPU)
+    unroll: bool = False  # write the layers out instead of scanning one loop body
     zero_stage: int = 0  # ZeRO over the dp axis: 0 (plain data parallel), 1, 2, 3
     schedule: str = "1f1b"  # pipeline schedule (pp > 1): gpipe, 1f1b, interleaved
     virtual: int = 1  # model chunks per pipeline device (interleaved: >= 2)
@@ -77,7 +80,8 @@ class TrainConfig:
         `validate`)."""
         plan = Plan.from_mesh(self.mesh, micro_batches=self.micro_batches, remat=self.remat,
                               zero_stage=self.zero_stage, precision=self.precision,
-                              schedule=self.schedule, virtual=self.virtual)
+                              schedule=self.schedule, virtual=self.virtual,
+                              attention=self.attention, unroll=self.unroll)
         return plan.validate(global_batch=self.batch_size) if validate else plan
 
     def validate(self) -> None:
@@ -112,10 +116,13 @@ class TrainConfig:
         if plan.tp > 1 or plan.pp > 1:
             from jaxscale.parallel.hybrid import check_divisible
             check_divisible(modellib.preset(self.model), plan)
-        if self.model not in modellib.CPU_PRESETS:
-            raise TrainConfigError(
-                f"model {self.model!r} is sized for GPU/TPU and is only built abstractly here; "
-                f"train one of {', '.join(modellib.CPU_PRESETS)}")
+
+    def check_platform(self, platform: str) -> None:
+        """Refuse to train a GPU/TPU-sized preset on CPU devices (before anything is built)."""
+        try:
+            modellib.check_platform(self.model, platform)
+        except modellib.ModelConfigError as e:
+            raise TrainConfigError(str(e)) from None
 
 
 def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
@@ -236,7 +243,10 @@ def init_state(cfg: TrainConfig):
     The optimizer state is built by the Plan's init, in the layout its strategy needs.
     """
     mcfg = modellib.preset(cfg.model)
-    graphdef, state = nnx.split(modellib.build(mcfg, seed=cfg.seed), nnx.Param)
+    # validation runs this graph on fp32 parameters, which cuDNN's kernel does not take
+    kernel = "xla" if cfg.attention == "cudnn" else cfg.attention
+    model = modellib.build(mcfg, seed=cfg.seed, attention=kernel, unroll=cfg.unroll)
+    graphdef, state = nnx.split(model, nnx.Param)
     params = nnx.to_pure_dict(state)  # a plain nested dict of arrays; nnx.merge accepts it
     optimizer = make_optimizer(cfg.optimizer, lr_schedule(cfg))
     return graphdef, params, optimizer
@@ -245,12 +255,14 @@ def init_state(cfg: TrainConfig):
 def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = True,
           log=None, checkpoint: CheckpointOptions | None = None,
           halt_after: int | None = None, faults=(),
-          corpus: garden.Corpus | None = None) -> TrainResult:
+          corpus: garden.Corpus | None = None, profile: str | Path | None = None) -> TrainResult:
     """Train on the garden corpus; write metrics.jsonl, loss_curve.png, result.json into out_dir.
 
     `corpus` replaces the one cfg describes (make_corpus(cfg.seed, cfg.n_train_docs, ...)):
     the data experiment trains on a duplicated and a deduplicated set this way. Its
     seq_len must be the model's; a checkpoint records the data position, not the corpus.
+    `profile`: a jax.profiler trace of PROFILE_STEPS steps after the first (which compiles)
+    goes to that folder (jaxscale.profiling; process 0 only).
 
     `checkpoint` saves the state every so many steps (and at the last) and, with resume,
     continues from the latest complete checkpoint under this config's plan, whichever plan
@@ -270,13 +282,19 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     KeyboardInterrupt) is raised with the partial result.
     """
     cfg.validate()
+    cfg.check_platform(jax.default_backend())
     if cfg.spike_policy == "rollback" and (checkpoint is None or checkpoint.every is None):
         raise TrainConfigError("spike policy rollback restores the last checkpoint: give a "
                                "checkpoint directory and a save interval (--checkpoint-dir, "
                                "--checkpoint-every), or use --spike-policy skip")
     mcfg = modellib.preset(cfg.model)
-    if corpus is None:
-        corpus = garden.make_corpus(cfg.seed, cfg.n_train_docs, cfg.n_val_docs, mcfg.seq_len)
+    if corpus is None:  # long rows hold several whole documents (garden.corpus_for)
+        corpus = garden.corpus_for(mcfg.seq_len, cfg.seed, cfg.n_train_docs, cfg.n_val_docs)
+        if len(corpus.train) < cfg.batch_size:
+            raise TrainConfigError(
+                f"{cfg.n_train_docs:,} documents pack into {len(corpus.train)} rows of "
+                f"{mcfg.seq_len} tokens, fewer than one batch ({cfg.batch_size}); draw more "
+                "documents (n_train_docs) or use a smaller batch")
     elif corpus.seq_len != mcfg.seq_len or len(corpus.train) < cfg.batch_size:
         raise TrainConfigError(f"the corpus given has seq_len {corpus.seq_len} and "
                                f"{len(corpus.train)} documents; model {cfg.model} needs "
@@ -302,6 +320,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     fault_log = spikes.FaultLog(faults, None if checkpoint is None else
                                 Path(checkpoint.directory) / spikes.FAULTS_FILE, write=main)
     ckpt = None if checkpoint is None else Checkpointer(checkpoint, log)
+    prof = profiling.Profiler(profile if main else None)
 
     def restore():
         """The latest checkpoint's step, state (resharded into this plan) and meta."""
@@ -376,12 +395,17 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             if any(f.kind == "nan" for f in due):
                 batch = spikes.poison(batch)
             t0 = time.perf_counter()
-            state, m = step_fn(state, batch, guard)
-            m = jax.device_get(m)  # waits for the step; one transfer for all metrics
+            with prof.step(step):
+                state, m = step_fn(state, batch, guard)
+                m = jax.device_get(m)  # waits for the step; one transfer for all metrics
             loss, gnorm = float(m["loss"]), float(m["grad_norm"])
             if steps_run == 0:
                 compile_s = time.perf_counter() - t0
             steps_run += 1
+            if steps_run == 1:  # compiled: trace the next PROFILE_STEPS steps
+                prof.start()
+            elif steps_run == 1 + PROFILE_STEPS and prof.running:
+                prof.stop()
             losses.append(loss)
             norms.append(gnorm)
             tokens += n_tokens
@@ -463,6 +487,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
         interrupted = True
     finally:
         bar.close()
+        if prof.running:
+            prof.stop()
         if jsonl is not None:
             jsonl.close()
         if ckpt is not None:

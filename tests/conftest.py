@@ -5,6 +5,11 @@ Single-device tests do not see the other devices: a plain jax.jit places everyth
 device 0 (test_train checks that). Tests that need a *different* device count, or a fresh
 backend, run in a subprocess (see `run_python`).
 
+The CPU suite never starts an accelerator (JAX is told to use the CPU only), so a GPU
+machine runs it as a laptop does. Tests marked `gpu` need an NVIDIA GPU: they run only with
+JAXSCALE_GPU_TESTS=1 (benchmarks/gpu_check.sh sets it and selects them with -m gpu), and
+are skipped otherwise, with the reason shown by -ra.
+
 The suite writes nothing outside the repository (and pytest's tmp_path): compiled programs
 go to .cache/jax-tests/, also for the CLI run in-process or in a subprocess (its
 enable_compilation_cache reads JAXSCALE_CACHE_DIR), and matplotlib's font cache to
@@ -36,8 +41,20 @@ from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
 jax.config.update("jax_compilation_cache_dir", str(CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+GPU_TESTS = os.environ.get("JAXSCALE_GPU_TESTS") == "1"
+if not GPU_TESTS:
+    jax.config.update("jax_platforms", "cpu")
 DEVICES = force_cpu_devices(N_DEVICES)
-assert len(jax.devices()) == N_DEVICES, jax.devices()
+assert len(jax.devices("cpu")) == N_DEVICES, jax.devices("cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    has_gpu = GPU_TESTS and any(d.platform == "gpu" for d in jax.devices())
+    reason = ("needs an NVIDIA GPU: run with JAXSCALE_GPU_TESTS=1 on a GPU machine "
+              "(benchmarks/gpu_check.sh does)" if not has_gpu else None)
+    for item in items:
+        if reason and "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 300):

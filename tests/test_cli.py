@@ -47,7 +47,11 @@ def _fail(capsys, argv):
     (["train", "--micro-batches", "0"], ["--micro-batches", "got 0"]),
     (["train", "--schedule", "zigzag"], ["'zigzag'", "'gpipe', '1f1b', 'interleaved'"]),
     (["train", "--precision", "fp64"], ["'fp64'", "bf16", "fp16", "bf16-pure"]),
-    (["train", "--model", "7b"], ["7b", "only built abstractly"]),
+    (["train", "--model", "7b"], ["'7b' is sized for GPU/TPU", "tiny, tiny8, small"]),
+    (["train", "--platform", "tpu"], ["--platform tpu: no tpu devices here"]),
+    (["train", "--attention", "cudnn"], ["--attention cudnn runs on NVIDIA GPUs", "cpu"]),
+    (["train", "--attention", "flash"], ["'flash'", "einsum", "xla", "cudnn"]),
+    (["train", "--mesh", "dp=16"], ["dp=16", "16 devices", "8"]),
     (["train", "--steps", "-1e3"], ["--steps", "got -1e3"]),  # not "expected one argument"
     (["train", "--lr", "-1e-3"], ["--lr", "> 0", "-1e-3"]),
     (["train", "--lr", "nan"], ["--lr", "got nan"]),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxscale.cli import main
-from jaxscale.commands import compare_runner
+from jaxscale import devices as devlib
 from jaxscale.data import lsh
 from jaxscale.data.clean import CleanConfig, clean
 from jaxscale.data.shingles import jaccard, shingle_set
@@ -31,7 +31,7 @@ def report(web):
 def one_device(monkeypatch):
     """`--devices N` takes the first N of the test session's eight devices (a process
     cannot change its device count once JAX has started)."""
-    monkeypatch.setattr(compare_runner, "pick_devices", lambda platform, n: jax.devices()[:n])
+    monkeypatch.setattr(devlib, "pick_devices", lambda platform, n: jax.devices()[:n])
 
 
 def test_every_stage_is_scored_against_the_labels(web, report):

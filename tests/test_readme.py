@@ -20,7 +20,7 @@ from jaxscale.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CALCULATORS = {"memory", "comm", "failures", "plan", "schedule"}
-FILE_OPTIONS = {"--png", "--out", "--checkpoint-dir", "--input", "--validation"}
+FILE_OPTIONS = {"--png", "--out", "--checkpoint-dir", "--input", "--validation", "--profile"}
 
 
 def readme_commands() -> list[tuple[list[str], str]]:
@@ -46,6 +46,7 @@ TRAIN_LINES = [a for a, _ in COMMANDS if a[0] == "train"]
 COMPARE_LINES = [a for a, _ in COMMANDS if a[0] == "compare"]
 LAUNCH_LINES = [a for a, _ in COMMANDS if a[0] == "launch"]
 DATA_LINES = [a for a, _ in COMMANDS if a[0] == "data"]
+BENCH_LINES = [a for a, _ in COMMANDS if a[0] == "bench"]
 
 
 def _ids(argv) -> str:
@@ -204,10 +205,10 @@ def test_data_line_runs(cli, tmp_path, monkeypatch, argv):
     text), --devices taken from the session's eight."""
     import jax
 
-    from jaxscale.commands import compare_runner
+    from jaxscale import devices as devlib
     from jaxscale.data.web import make_web
 
-    monkeypatch.setattr(compare_runner, "pick_devices", lambda platform, n: jax.devices()[:n])
+    monkeypatch.setattr(devlib, "pick_devices", lambda platform, n: jax.devices()[:n])
     argv = _to_tmp(argv, tmp_path)
     web = make_web(600, seed=0)
     for flag, lines in (("--input", [json.dumps({"id": i, "text": t})
@@ -226,3 +227,16 @@ def test_data_line_runs(cli, tmp_path, monkeypatch, argv):
     assert 0 < result["kept"] < result["docs"] <= 600
     if "--out" in argv:
         assert (tmp_path / Path(argv[argv.index("--out") + 1]).name / "kept.jsonl").is_file()
+
+
+def test_the_readme_shows_bench():
+    assert BENCH_LINES
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", BENCH_LINES, ids=[_ids(a) for a in BENCH_LINES])
+def test_bench_line_runs(cli, tmp_path, argv):
+    """Each `bench` line as shown, with one timed step and no warm-up (the options that set
+    the length, appended: argparse keeps the last)."""
+    out = cli(*_to_tmp(argv, tmp_path), "--steps", "1", "--warmup", "0", "--json")
+    assert out["rows"] and all(r["tokens_per_s"] > 0 for r in out["rows"])

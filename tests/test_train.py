@@ -90,13 +90,20 @@ def test_stop_gap_ends_training_early():
     (dict(optimizer="lion"), "unknown optimizer 'lion'; choose from sgd, momentum"),
     (dict(lr=-1.0), "lr must be a positive number, got -1.0"),
     (dict(lr_schedule="step"), "unknown lr schedule 'step'"),
-    (dict(model="7b"), "only built abstractly"),
     (dict(model="huge"), "unknown model 'huge'"),
     (dict(n_train_docs=8), "smaller than one batch"),
 ])
 def test_bad_train_config(change, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**change).validate()
+
+
+@pytest.mark.parametrize("model", ["mid", "1b", "7b"])
+def test_gpu_sized_presets_are_refused_on_cpu_devices(model):
+    TrainConfig(model=model).check_platform("gpu")
+    with pytest.raises(ValueError, match=f"model '{model}' is sized for GPU/TPU; on cpu "
+                                         "devices use one of tiny, tiny8, small"):
+        TrainConfig(model=model).check_platform("cpu")
 
 
 class _Clock:

@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 
 from jaxscale.cli import _number
-
-PLATFORMS = ("auto", "cpu", "gpu", "tpu")
+from jaxscale.devices import PLATFORMS
 
 
 def register(subparsers) -> None:
     from jaxscale import distributed
+    from jaxscale.commands import runtime
     from jaxscale.compare import CONTROL, NOISE_FLOOR, NOISE_MULTIPLE, STRATEGIES
     from jaxscale.model import PRESETS
     from jaxscale.parallel.plan import LAYOUT_KEYS
@@ -75,6 +75,7 @@ def register(subparsers) -> None:
     p.add_argument("--save-params", type=output_dir, default=None, metavar="DIR",
                    help="write each strategy's final whole parameters to DIR/NAME.npz (to "
                         "compare runs, e.g. one process against several)")
+    runtime.add_profile_argument(p)  # one trace folder per strategy: DIR/NAME
     distributed.add_arguments(p)
     p.set_defaults(run=run)
 
@@ -110,7 +111,9 @@ def run(args) -> int:
     from jaxscale import model as modellib
     from jaxscale.compare import CompareError, check_strategies
     cfg = modellib.preset(args.model)
-    if not args.abstract and args.model not in modellib.CPU_PRESETS:
+    on_cpu = args.platform == "cpu" or (args.platform == "auto"
+                                        and not distributed.accelerator_installed())
+    if not args.abstract and on_cpu and args.model not in modellib.CPU_PRESETS:
         raise CompareError(f"model {args.model!r} is too big to train here; use --abstract "
                            "to compile it without running, or one of "
                            f"{', '.join(modellib.CPU_PRESETS)}")
@@ -146,7 +149,8 @@ def run(args) -> int:
             "steps": args.steps, "batch_size": args.batch_size, "repeats": args.repeats,
             "strategies": [{"name": k, "plan": p.as_dict()} for k, p in plans.items()],
             "cluster": None if cluster is None else asdict(cluster),
-            "save_params": None if args.save_params is None else str(args.save_params)}
+            "save_params": None if args.save_params is None else str(args.save_params),
+            "profile": None if args.profile is None else os.path.abspath(args.profile)}
     if cluster is not None:
         result["processes"] = cluster.num_processes
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -181,9 +185,9 @@ def run(args) -> int:
 def _run_abstract(args, cfg, plans, out: Path) -> int:
     """Compile only, in this process (nothing runs, so nothing can crash a collective)."""
     from jaxscale.commands import compare_report as report
-    from jaxscale.commands.compare_runner import pick_devices
+    from jaxscale import devices as devlib
     from jaxscale.cli import enable_compilation_cache
-    devices = pick_devices(args.platform, args.devices)
+    devices = devlib.pick_devices(args.platform, args.devices)
     enable_compilation_cache()
     rows = report.run_abstract(cfg, plans, devices, args.batch_size)
     result = {"model": args.model, "devices": args.devices, "abstract": True, "rows": rows}

@@ -163,31 +163,6 @@ def _last_words(tail) -> str:
 
 # --- the worker ---------------------------------------------------------------------------
 
-def pick_devices(platform: str, n: int):
-    """Forced host CPU devices (cpu, or auto when no accelerator is present), else the
-    first n devices of the accelerator platform."""
-    import jax
-
-    from jaxscale.compare import CompareError
-    from jaxscale.commands.compare import PLATFORMS
-    from jaxscale.devices import configure_cpu_runtime, force_cpu_devices
-    if platform == "cpu":
-        return force_cpu_devices(n)
-    if platform == "auto":
-        configure_cpu_runtime(n)  # used only if the CPU is all there is
-        if jax.default_backend() == "cpu":
-            return force_cpu_devices(n)
-    try:
-        found = jax.devices(None if platform == "auto" else platform)
-    except RuntimeError as e:
-        raise CompareError(f"no {platform} devices here ({e}); choose from "
-                           f"{', '.join(PLATFORMS)}") from None
-    if len(found) < n:
-        raise CompareError(f"--devices {n}: only {len(found)} {found[0].platform} "
-                           f"device{'s are' if len(found) > 1 else ' is'} present")
-    return found[:n]
-
-
 def join_cluster(spec: dict):
     """One process of a jax.distributed job: forced CPU devices (--platform cpu, or auto
     with no accelerator plugin installed), else the accelerators; the first n devices of
@@ -219,7 +194,8 @@ def worker() -> int:
         if spec.get("cluster"):
             devices = join_cluster(spec)
         else:
-            devices = pick_devices(spec["platform"], spec["devices"])
+            from jaxscale import devices as devlib
+            devices = devlib.pick_devices(spec["platform"], spec["devices"])
     except (CompareError, ValueError) as e:
         emit(event="error", message=str(e))
         return 2
@@ -248,9 +224,12 @@ def worker() -> int:
                                    "mesh": mesh_label(s["plan"]), "process": me})
             continue  # a plan on other processes' devices only (the single device: process 0)
         try:
+            where = spec.get("profile")
             row = run_strategy(s["name"], plan, cfg, params, batches, optim.adamw(LEARNING_RATE),
                                devices, repeats=spec["repeats"],
-                               keep_params=bool(spec.get("save_params")))
+                               keep_params=bool(spec.get("save_params")),
+                               profile=None if where is None or me else
+                               os.path.join(where, s["name"].replace("/", "_")))
             row["predicted"] = (predict(cfg, plan, (spec["batch_size"], cfg.seq_len))
                                 if predictable(plan) else None)
             if spec.get("save_params"):

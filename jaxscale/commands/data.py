@@ -21,7 +21,7 @@ from jaxscale.cli import UsageError
 
 def register(subparsers) -> None:
     from jaxscale.cli import _number
-    from jaxscale.commands.compare import PLATFORMS
+    from jaxscale.devices import PLATFORMS
     from jaxscale.data.filters import FILTERS
     from jaxscale.data.decontaminate import MIN_FRACTION, N_GRAM
     from jaxscale.data.records import FORMATS
@@ -187,14 +187,14 @@ def check_out(out: Path) -> None:
 
 def _cmd_clean(args) -> int:
     from jaxscale.cli import enable_compilation_cache
-    from jaxscale.commands.compare_runner import pick_devices
+    from jaxscale import devices as devlib
     from jaxscale.data.clean import clean
 
     cfg = config(args)
     out = Path(args.out) if args.out else None
     if out is not None:
         check_out(out)
-    devices = pick_devices(args.platform, args.devices)
+    devices = devlib.pick_devices(args.platform, args.devices)
     enable_compilation_cache()
     texts, ids, lines, validation, web = load(args)
     bar = _StageProgress(enabled=not args.json)

@@ -13,6 +13,7 @@ from jaxscale.supervise import SUPERVISED
 def register(subparsers) -> None:
     from jaxscale import distributed
     from jaxscale.checkpoint import CheckpointOptions
+    from jaxscale.commands import runtime
     from jaxscale.commands.memory import preset_summary
     from jaxscale.model import PRESETS, REMAT_POLICIES
     from jaxscale.parallel.schedule import SCHEDULES
@@ -27,7 +28,7 @@ def register(subparsers) -> None:
         "loss next to the language's exact entropy floor (the loss no model can beat)."))
     t.add_argument("--model", default=d.model, choices=list(PRESETS), metavar="NAME",
                    help=f"model preset: {'; '.join(preset_summary(k) for k in PRESETS)} "
-                        f"(default {d.model}; 1b and 7b are sized for GPU/TPU)")
+                        f"(default {d.model}; mid, 1b and 7b are sized for GPU/TPU)")
     t.add_argument("--steps", type=_number(), default=d.steps,
                    help=f"training steps (default {d.steps})")
     t.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS, metavar="NAME",
@@ -130,6 +131,7 @@ def register(subparsers) -> None:
                    help="run training in a child process and restart it from its latest "
                         "checkpoint when it dies, at most R times (needs --checkpoint-dir "
                         "and --checkpoint-every)")
+    runtime.add_arguments(t)
     distributed.add_arguments(t)
     t.set_defaults(run=run)
 
@@ -177,11 +179,18 @@ def _setup_devices(args):
                                     f"is {args.devices}; make them equal")
     if cluster is not None:
         distributed.start(cluster, args.devices)
-    elif args.devices is not None:
-        devices.force_cpu_devices(args.devices)
-    if shape is not None:
-        return devices.make_mesh(shape)  # sizes must match the (global) devices
-    return None
+        found = None
+    else:  # forced CPU devices, or the platform's own
+        found = devices.pick_devices(args.platform, args.devices)
+    if shape is None:
+        return None
+    if found is not None and found[0].platform != "cpu":
+        if shape.size > len(found):
+            raise devices.DeviceError(f"mesh {args.mesh} needs {shape.size} devices; there "
+                                      f"{'is' if len(found) == 1 else 'are'} {len(found)} "
+                                      f"{found[0].platform} device(s) here")
+        return devices.make_mesh(shape, found[:shape.size])
+    return devices.make_mesh(shape)  # sizes must match the (global) devices
 
 
 def run(args) -> int:
@@ -190,6 +199,7 @@ def run(args) -> int:
     import jax
 
     from jaxscale.checkpoint import CheckpointWriteError
+    from jaxscale.commands.runtime import resolve_attention
     from jaxscale.distributed import is_main
     from jaxscale.report import plural
     from jaxscale.spikes import parse_faults
@@ -225,7 +235,10 @@ def run(args) -> int:
     _setup_devices(args)
     if args.mesh is None and jax.process_count() > 1:  # a cluster's own devices: dp over all
         cfg = dataclasses.replace(cfg, mesh=f"dp={jax.device_count()}")
-        cfg.validate()
+    cfg = dataclasses.replace(cfg, attention=resolve_attention(
+        args.attention, jax.default_backend(), cfg.precision), unroll=args.unroll)
+    cfg.validate()
+    cfg.check_platform(jax.default_backend())
     enable_compilation_cache()
 
     def log(msg, kind="warning"):
@@ -234,7 +247,8 @@ def run(args) -> int:
     main = is_main()  # several processes: only process 0 prints
     try:
         result = train(cfg, out_dir=args.out, progress=not args.json, log=log,
-                       checkpoint=checkpoint, halt_after=args.halt_after, faults=faults)
+                       checkpoint=checkpoint, halt_after=args.halt_after, faults=faults,
+                       profile=args.profile)
     except CheckpointWriteError as e:
         _error(str(e))
         return EXIT_FAILED

@@ -16,13 +16,15 @@ What the language carries on purpose:
   * rare words (hedgehog, heron, badger, orchid) in well under 1% of documents;
   * variable length (1-6 sentences): batches and shards hold different numbers of tokens.
 """
-from jaxscale.garden.corpus import Batch, Corpus, make_batch, make_corpus
+from jaxscale.garden.corpus import (PACK_FROM, Batch, Corpus, corpus_for, make_batch,
+                                    make_corpus, make_packed_corpus, pack, row_entropies)
 from jaxscale.garden.language import (END, State, entropy, max_document_tokens, next_words,
                                       population_entropy_floor, reachable_states,
                                       sample_document, score_document)
 from jaxscale.garden.words import BOS_ID, EOS_ID, PAD_ID, RARE_WORDS, VOCAB, WORD_ID
 
-__all__ = ["Batch", "Corpus", "make_batch", "make_corpus", "END", "State", "entropy",
+__all__ = ["Batch", "Corpus", "make_batch", "make_corpus", "PACK_FROM", "corpus_for",
+           "make_packed_corpus", "pack", "row_entropies", "END", "State", "entropy",
            "max_document_tokens", "next_words", "population_entropy_floor",
            "reachable_states", "sample_document", "score_document", "BOS_ID", "EOS_ID",
            "PAD_ID", "RARE_WORDS", "VOCAB", "WORD_ID"]

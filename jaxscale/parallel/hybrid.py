@@ -220,8 +220,9 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
     else:
         def nll(prm, mb):
             from jaxscale.loss import logits_nll_and_count
-            return logits_nll_and_count(modellib.forward(prm, mb["tokens"], plan.remat,
-                                                         tp_axis=tp_axis), mb)
+            return logits_nll_and_count(modellib.forward(
+                prm, mb["tokens"], plan.remat, tp_axis=tp_axis, attention=plan.attention,
+                unroll=plan.unroll), mb)
         grad_fn = accumulated_value_and_grad(
             nll, plan.micro_batches, per_micro=lambda g: g,
             after=reduce_dp or (lambda g: jax.tree.map(lambda x: lax.psum(x, AXIS), g)),

@@ -156,7 +156,8 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
             blocks = jax.tree.map(lambda b: lax.dynamic_slice_in_dim(b, chunk * per_chunk,
                                                                      per_chunk), prm["blocks"])
             h = jnp.where(first, modellib.embed(prm, mb["tokens"]).astype(x.dtype), x)
-            h = modellib.layers(blocks, h, plan.remat, tp_axis)
+            h = modellib.layers(blocks, h, plan.remat, tp_axis, attention=plan.attention,
+                                unroll=plan.unroll)
             nll = logits_nll_and_count(modellib.head(prm, h), mb)[0] / count
             return h, jnp.where(last, nll, 0.0)
 

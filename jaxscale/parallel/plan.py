@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -42,6 +43,8 @@ class Plan:
     virtual: int = 1  # model chunks per pipeline device (interleaved schedule: >= 2)
     remat: str = "none"
     precision: str = "fp32"
+    attention: str = "einsum"  # model.ATTENTION_KERNELS: einsum (reference), xla, cudnn
+    unroll: bool = False  # the layers written out instead of one scanned loop body
 
     @property
     def n_devices(self) -> int:
@@ -74,6 +77,16 @@ class Plan:
         if self.precision not in precision.POLICIES:
             raise PlanError(f"unknown precision policy {self.precision!r}; choose from "
                             f"{', '.join(precision.POLICIES)}")
+        if self.attention not in modellib.ATTENTION_KERNELS:
+            raise PlanError(f"unknown attention kernel {self.attention!r}; choose from "
+                            f"{', '.join(modellib.ATTENTION_KERNELS)}")
+        if not isinstance(self.unroll, bool):
+            raise PlanError(f"unroll must be True or False, got {self.unroll!r}")
+        compute = precision.policy(self.precision).compute_dtype
+        if self.attention == "cudnn" and jnp.dtype(compute).itemsize != 2:
+            raise PlanError(f"cuDNN flash attention takes bf16 or fp16, but precision "
+                            f"{self.precision} computes in {jnp.dtype(compute).name}; use "
+                            "attention xla, or a bf16/fp16 precision policy")
         if self.zero_stage and self.dp < 2:
             raise PlanError(f"ZeRO needs dp > 1 to shard over, got dp={self.dp} with "
                             f"zero_stage={self.zero_stage}; use e.g. --mesh dp=8")
@@ -115,8 +128,12 @@ class Plan:
             field = LAYOUT_KEYS[key]
             if field in fields:
                 raise PlanError(f"{key!r} given twice in layout {layout!r}")
-            if field in ("schedule", "remat", "precision"):
+            if field in ("schedule", "remat", "precision", "attention"):
                 fields[field] = value
+            elif field == "unroll":
+                if value not in ("0", "1"):
+                    raise PlanError(f"unroll must be 0 or 1, got {value!r} in {layout!r}")
+                fields[field] = value == "1"
             elif value.isdigit():
                 fields[field] = int(value)
             else:
@@ -127,7 +144,9 @@ class Plan:
     def layout(self) -> str:
         """The inverse of `parse`: the fields that differ from the defaults."""
         default, keys = Plan(), {v: k for k, v in LAYOUT_KEYS.items()}
-        return ",".join(f"{keys[f]}={getattr(self, f)}" for f in LAYOUT_KEYS.values()
+        def text(v):
+            return str(int(v)) if isinstance(v, bool) else str(v)
+        return ",".join(f"{keys[f]}={text(getattr(self, f))}" for f in LAYOUT_KEYS.values()
                         if getattr(self, f) != getattr(default, f)) or "dp=1"
 
 
@@ -159,7 +178,8 @@ def elastic_micro_batches(saved: Plan, plan: Plan, global_batch: int) -> int:
 # The keys of a written-out layout (Plan.parse) and the Plan field each sets.
 LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "zero": "zero_stage",
                "micro_batches": "micro_batches", "schedule": "schedule", "virtual": "virtual",
-               "remat": "remat", "precision": "precision"}
+               "remat": "remat", "precision": "precision", "attention": "attention",
+               "unroll": "unroll"}
 
 
 def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
@@ -171,7 +191,14 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     ZeRO (zero.py), or with tp / pp (hybrid.py).
     """
     plan.validate()
-    graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat))
+    if plan.attention == "cudnn":
+        import jax
+        platforms = {d.platform for d in (jax.devices() if devices is None else devices)}
+        if platforms != {"gpu"}:
+            raise PlanError(f"cuDNN flash attention runs on NVIDIA GPUs; these devices are "
+                            f"{', '.join(sorted(platforms))}: use attention xla or einsum")
+    graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat,
+                                              attention=plan.attention, unroll=plan.unroll))
     pol = precision.policy(plan.precision)
     abstract = modellib.abstract(model_cfg)
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))

@@ -160,7 +160,8 @@ class ZeroLayout(precision.Replicated):
         return jnp.sqrt(lax.psum(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(tree)), AXIS))
 
 
-def forward_gathered(slices, tokens, remat: str, fetch):
+def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum",
+                     unroll: bool = False):
     """ZeRO-3's forward: model.forward's units on parameter slices, each unit gathering its
     whole tensors with `fetch(unit_slices, layer)` just before it runs.
 
@@ -186,7 +187,7 @@ def forward_gathered(slices, tokens, remat: str, fetch):
         return modellib.embed(fetch(p, False), tokens)
 
     def layer(x, p):
-        return modellib.block(fetch(after(p, x), True), x), None
+        return modellib.block(fetch(after(p, x), True), x, None, attention), None
 
     def head_unit(p, x):
         return modellib.head(fetch(after(p, x), False), x)
@@ -196,11 +197,12 @@ def forward_gathered(slices, tokens, remat: str, fetch):
     head_unit = jax.checkpoint(head_unit, policy=saveable.dots_saveable)
     layer = jax.checkpoint(layer, policy=modellib.REMAT_POLICIES[remat] or saveable.dots_saveable)
     x = embed_unit({"tok_embed": slices["tok_embed"], "pos_embed": slices["pos_embed"]}, tokens)
-    x, _ = jax.lax.scan(layer, x, slices["blocks"])
+    x, _ = jax.lax.scan(layer, x, slices["blocks"], unroll=True if unroll else 1)
     return head_unit({"ln_f": slices["ln_f"], "tok_embed": slices["tok_embed"]}, x)
 
 
-def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat: str = "none"):
+def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat: str = "none",
+                        attention: str = "einsum", unroll: bool = False):
     """grad_fn for precision.make_step: (global loss, this device's slice of the gradients).
 
     Stage 1 accumulates whole gradients and reduce-scatters them once; stage 2
@@ -210,7 +212,8 @@ def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat:
     identity = lambda tree: tree  # noqa: E731
     if layout.stage == 3:
         def nll(slices, mb):
-            logits = forward_gathered(slices, mb["tokens"], remat, layout.fetch)
+            logits = forward_gathered(slices, mb["tokens"], remat, layout.fetch, attention,
+                                      unroll)
             return logits_nll_and_count(logits, mb)
         return accumulated_value_and_grad(nll, micro_batches, per_micro=identity,
                                           after=identity, like=identity, own=identity)
@@ -246,7 +249,8 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
     layout = ZeroLayout(param_shapes, plan.dp, plan.zero_stage)
     update = precision.make_step(
         graphdef, optimizer, pol, jit=False, layout=layout,
-        grad_fn=zero_value_and_grad(graphdef, layout, plan.micro_batches, plan.remat))
+        grad_fn=zero_value_and_grad(graphdef, layout, plan.micro_batches, plan.remat,
+                                    plan.attention, plan.unroll))
 
     def fresh_state(params32):
         return precision.init_state(params32, optimizer, pol, arrange=layout.flatten,

@@ -1,0 +1,119 @@
+"""jaxscale bench: its arithmetic, the figures it prints, --profile, and bad input."""
+import math
+
+import pytest
+
+from jaxscale import bench, flops, hardware, model as M, profiling
+from jaxscale.devices import DeviceError, pick_devices
+
+
+@pytest.fixture(scope="module")
+def peak(devices):
+    return hardware.measure_matmul_peak(devices[0], n=256, iters=2, repeats=2)
+
+
+@pytest.fixture(scope="module")
+def tiny(devices, peak, tmp_path_factory):
+    where = tmp_path_factory.mktemp("bench-profile")
+    cfg = bench.BenchConfig("tiny", batch_size=8, steps=3, warmup=1)
+    return bench.run(cfg, devices[0], peak, profiling.Profiler(where)), where
+
+
+def test_rates_and_mfu_follow_from_the_measured_step(tiny, peak):
+    r, _ = tiny
+    assert len(r.step_s_all) == 3 and r.step_s == sorted(r.step_s_all)[1]
+    assert r.tokens_per_s == pytest.approx(8 * 64 / r.step_s)
+    count = flops.model_flops_per_token(M.preset("tiny"))
+    assert r.flops == count
+    assert r.achieved_flops_per_s == pytest.approx(count.total * r.tokens_per_s)
+    assert r.mfu_matmul == pytest.approx(r.achieved_flops_per_s / peak.flops_per_s)
+    assert r.datasheet_peak is None and r.mfu_datasheet is None  # no datasheet for a CPU
+    assert r.compute_dtype == "float32" and r.compile_s > 0
+
+
+def test_the_trace_holds_the_timed_steps_and_not_the_compile(tiny):
+    r, where = tiny
+    steps = profiling.step_times(where)
+    assert steps is not None and len(steps) == 3
+    assert all(0 < s <= 1e3 * max(r.step_s_all) * 1.5 + 5 for s in steps)
+    assert profiling.top_ops(where)
+
+
+def test_xla_sees_one_scanned_layer_and_every_unrolled_one(devices, peak, tiny):
+    """XLA's cost analysis counts a while loop's body once: with the layers scanned it sees
+    a fraction of the model FLOPs, unrolled it sees them all (plus elementwise work)."""
+    scanned, _ = tiny
+    unrolled = bench.run(bench.BenchConfig("tiny", 8, unroll=True, steps=1, warmup=0),
+                         devices[0], peak)
+    total = scanned.flops.total
+    assert scanned.xla_flops_per_token < 0.8 * total < unrolled.xla_flops_per_token
+    assert unrolled.xla_flops_per_token <= 1.5 * total
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(batch_size=0), "batch_size must be >= 1"),
+    (dict(steps=0), "steps must be >= 1"),
+    (dict(warmup=-1), "warmup must be >= 0"),
+    (dict(model="huge"), "unknown model 'huge'"),
+    (dict(attention="cudnn"), "cuDNN flash attention takes bf16 or fp16"),
+])
+def test_bad_bench_config(change, message):
+    with pytest.raises(ValueError, match=message):
+        bench.BenchConfig(**change).validate()
+
+
+def test_bench_json_has_every_figure_it_prints(cli):
+    out = cli("bench", "--model", "tiny", "--batch", "4,8", "--steps", "2", "--warmup", "0",
+              "--json")
+    assert out["platform"] == "cpu" and out["matmul_peak"]["flops_per_s"] > 0
+    assert [r["config"]["batch_size"] for r in out["rows"]] == [4, 8]
+    for r in out["rows"]:
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu_matmul"] < 5
+        assert math.isfinite(r["flops"]["total"]) and r["config"]["attention"] == "einsum"
+    assert "6N" in out["convention"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--batch", "0"], ["--batch", "got 0"]),
+    (["--batch", "4,4"], ["batch given twice"]),
+    (["--remat", "most"], ["unknown remat policy 'most'", "none, full, matmuls"]),
+    (["--model", "mid"], ["'mid' is sized for GPU/TPU"]),
+    (["--platform", "gpu"], ["--platform gpu: no gpu devices here"]),
+    (["--attention", "cudnn"], ["--attention cudnn runs on NVIDIA GPUs"]),
+    (["--precision", "fp64"], ["'fp64'"]),
+])
+def test_bad_bench_input_is_one_line_and_exit_2(capsys, argv, words):
+    from jaxscale.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *argv])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err
+
+
+def test_pick_devices_names_the_platforms_and_what_is_present(devices):
+    assert pick_devices("cpu", 8) == devices and pick_devices("auto") == devices
+    with pytest.raises(DeviceError, match="unknown platform 'metal'; choose from auto, cpu, "
+                                          "gpu, tpu"):
+        pick_devices("metal")
+    with pytest.raises(DeviceError, match="--platform tpu: no tpu devices here"):
+        pick_devices("tpu", 1)
+
+
+def test_train_profile_traces_the_steps_after_the_compiling_one(cli, tmp_path):
+    out = cli("train", "--model", "tiny", "--steps", "4", "--eval-every", "4", "--batch-size",
+              "8", "--out", str(tmp_path / "run"), "--profile", str(tmp_path / "prof"), "--json")
+    assert out["steps_run"] == 4
+    assert len(profiling.step_times(tmp_path / "prof")) == 3  # steps 2-4: step 1 compiles
+
+
+def test_the_datasheet_column_follows_the_compute_dtype_and_the_platform():
+    """fp32 matmuls on an NVIDIA GPU run as TF32 under XLA's default precision: MFU is
+    taken against the TF32 figure there, never against the plain fp32 one (it would pass
+    100%)."""
+    import jax.numpy as jnp
+    assert bench.peak_dtype(jnp.float32, "gpu") == "tfloat32"
+    assert bench.peak_dtype(jnp.float32, "cpu") == "float32"
+    assert bench.peak_dtype(jnp.bfloat16, "gpu") == "bfloat16"
+    assert hardware.datasheet_peak("NVIDIA H200", bench.peak_dtype(jnp.bfloat16, "gpu")) == 989e12

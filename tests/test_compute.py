@@ -1,0 +1,137 @@
+"""How the model computes, checked against the reference: attention kernels (einsum against
+jax.nn.dot_product_attention), layers scanned or unrolled, and the Plan fields that pick
+them. cuDNN's kernel needs a GPU: tests/test_gpu.py."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxscale import measure, model as M
+from jaxscale.loss import loss_fn
+from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+
+from conftest import one_step, setup
+
+
+@functools.lru_cache(maxsize=None)
+def logits_and_grads(model: str, attention: str, unroll: bool):
+    cfg, params, batch = setup(model)
+    batch = {k: v[:8] for k, v in batch.items()}
+    graphdef = nnx.graphdef(M.abstract(cfg, attention=attention, unroll=unroll))
+    logits = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))(params, batch["tokens"])
+    grads = jax.jit(jax.grad(lambda p: loss_fn(graphdef, p, batch)))(params)
+    return np.asarray(logits), jax.tree.map(np.asarray, grads)
+
+
+def _global_rel(a, b) -> float:
+    """Largest difference of any gradient entry, over the largest gradient entry."""
+    diff = max(float(np.abs(x - y).max()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return diff / max(float(np.abs(y).max()) for y in jax.tree.leaves(b))
+
+
+@pytest.mark.parametrize("model", ["tiny", "small"])
+def test_dot_product_attention_equals_the_einsum_reference(model):
+    """jax.nn.dot_product_attention(implementation="xla") on CPU against the written-out
+    einsums, fp32. Measured: logits bit-identical (max abs diff 0.0, both lower to the same
+    ops), gradients within 4e-7 of each tensor's largest entry (its backward is summed in
+    another order). Bound: 1e-6 of the largest gradient entry, not per tensor: the key
+    bias's exact gradient is 0 (softmax ignores a shift shared by a row's scores), so both
+    kernels give it rounding noise of 1e-10 that no relative bound can compare."""
+    ref_logits, ref_grads = logits_and_grads(model, "einsum", False)
+    logits, grads = logits_and_grads(model, "xla", False)
+    assert np.abs(logits - ref_logits).max() <= 1e-6 * np.abs(ref_logits).max()
+    assert _global_rel(grads, ref_grads) <= 1e-6
+
+
+@pytest.mark.parametrize("model", ["tiny", "small"])
+def test_unrolled_layers_equal_the_scanned_ones(model):
+    """The same layers written out L times instead of one loop body: measured bit-identical
+    (0.0) on CPU for logits and gradients; bound 1e-6 relative, as XLA may fuse across the
+    written-out layers in another order on another machine."""
+    ref_logits, ref_grads = logits_and_grads(model, "einsum", False)
+    logits, grads = logits_and_grads(model, "einsum", True)
+    assert np.abs(logits - ref_logits).max() <= 1e-6 * np.abs(ref_logits).max()
+    assert _global_rel(grads, ref_grads) <= 1e-6
+
+
+def test_an_unrolled_program_has_no_loop_and_a_scanned_one_has():
+    cfg, params, batch = setup("tiny")
+    text = {}
+    for unroll in (False, True):
+        graphdef = nnx.graphdef(M.abstract(cfg, unroll=unroll))
+        text[unroll] = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t)).lower(
+            params, batch["tokens"]).as_text()
+    assert "stablehlo.while" in text[False] and "stablehlo.while" not in text[True]
+
+
+def test_tensor_parallel_heads_split_under_dot_product_attention(devices):
+    """tp=2 with the xla kernel against the single-device einsum step: each device runs
+    dot_product_attention on its own heads. Bound as tensor parallelism's own (1e-5 per
+    tensor, test_tensor_parallel)."""
+    ref, ref_loss, _, _ = one_step("tiny")
+    grads, loss, _, _ = one_step("tiny", tp=2, attention="xla")
+    assert abs(loss - ref_loss) <= 1e-6 * ref_loss
+    assert measure.max_rel_diff(grads, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("plan", [dict(dp=2, zero_stage=3, attention="xla", unroll=True),
+                                  dict(pp=2, micro_batches=2, attention="xla", unroll=True)])
+def test_zero3_and_pipelines_take_the_kernel_and_the_unrolled_layers(devices, plan):
+    """ZeRO-3 (its own forward over gathered layers) and a pipeline stage (its share of the
+    layers) run the chosen kernel and unrolling too: their loss equals the reference."""
+    _, ref_loss, _, _ = one_step("tiny")
+    _, loss, step, _ = one_step("tiny", **plan)
+    assert abs(loss - ref_loss) <= 1e-6 * ref_loss
+
+
+def test_plan_parses_and_writes_the_kernel_and_unroll():
+    p = Plan.parse("dp=2,attention=xla,unroll=1")
+    assert (p.attention, p.unroll) == ("xla", True)
+    assert p.layout() == "dp=2,attention=xla,unroll=1"
+    assert Plan.parse(p.layout()) == p
+
+
+@pytest.mark.parametrize("layout, words", [
+    ("attention=flash", ["'flash'", "einsum, xla, cudnn"]),
+    ("unroll=yes", ["unroll must be 0 or 1", "'yes'"]),
+    ("attention=cudnn", ["cuDNN flash attention takes bf16 or fp16", "fp32", "float32"]),
+])
+def test_bad_kernel_choices_name_the_value_and_the_choices(layout, words):
+    with pytest.raises(PlanError) as e:
+        Plan.parse(layout)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_cudnn_is_refused_on_cpu_devices_before_compiling(devices):
+    cfg, _, _ = setup("tiny")
+    with pytest.raises(PlanError, match="cuDNN flash attention runs on NVIDIA GPUs; these "
+                                        "devices are cpu"):
+        build_train_step(cfg, Plan(precision="bf16", attention="cudnn"), None, devices[:1])
+
+
+def test_the_model_refuses_an_unknown_kernel():
+    with pytest.raises(M.ModelConfigError, match="unknown attention kernel 'flash'"):
+        M.abstract(M.preset("tiny"), attention="flash")
+
+
+def test_mid_preset_is_gpt2_medium_shaped_with_a_vocabulary_of_128():
+    cfg = M.preset("mid")
+    assert cfg.vocab_size % 128 == 0 and cfg.seq_len == 1024 and cfg.head_dim == 64
+    n = M.count_params(M.abstract(cfg))
+    assert n == M.param_count(cfg) and 125e6 <= n <= 350e6
+
+
+def test_dot_product_attention_keeps_causality():
+    """Changing a later token changes no earlier position's output under either kernel."""
+    key = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(kk, (1, 6, 2, 4)) for kk in key)
+    v2 = v.at[:, 4:].set(7.0)
+    for f in (M.causal_attention,
+              lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                           implementation="xla")):
+        assert jnp.array_equal(f(q, k, v)[:, :4], f(q, k, v2)[:, :4])
+        assert not jnp.array_equal(f(q, k, v)[:, 4:], f(q, k, v2)[:, 4:])
