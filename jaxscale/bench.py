@@ -27,8 +27,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxscale import (flops as flopslib, garden, hardware, model as modellib, precision,
-                      profiling)
+from jaxscale import (flops as flopslib, garden, hardware, measure, model as modellib,
+                      precision, profiling)
 from jaxscale.parallel.plan import Plan, build_train_step
 
 
@@ -81,7 +81,8 @@ class BenchResult:
     mfu_matmul: float | None
     mfu_causal_datasheet: float | None
     xla_flops_per_token: float | None
-    peak_memory_bytes: int | None
+    memory: dict  # this step's bytes per device, from XLA's memory analysis of the program
+    allocator_peak_bytes: int | None  # the device allocator's peak so far in this process
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -107,9 +108,10 @@ def peak_dtype(dtype, platform: str) -> str:
     return "tfloat32" if name == "float32" and platform == "gpu" else name
 
 
-def _peak_memory(device) -> int | None:
+def _allocator_peak(device) -> int | None:
     """The allocator's peak since the process started (GPU, TPU); None on CPU, which has
-    no such count. With several rows in one process it is the largest row's so far."""
+    no such count. With several rows in one process it is the largest row's so far: the
+    row's own figure is `memory` (XLA's analysis of its program)."""
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     return None if not stats else stats.get("peak_bytes_in_use")
 
@@ -157,4 +159,4 @@ def run(cfg: BenchConfig, device=None, matmul_peak: hardware.MatmulPeak | None =
         cfg, device.device_kind, device.platform, compile_s, step_s, times, rate, count,
         count.total * rate, np.dtype(dtype).name, peak, hardware.mfu(count.total, rate, peak),
         mm, hardware.mfu(count.total, rate, mm), hardware.mfu(count.total_causal, rate, peak),
-        None if xla is None else xla / tokens, _peak_memory(device))
+        None if xla is None else xla / tokens, measure.memory(compiled), _allocator_peak(device))

@@ -143,7 +143,9 @@ def pick_devices(platform: str = "auto", n: int | None = None) -> list[jax.Devic
         try:
             found = jax.devices(platform)
         except RuntimeError as e:
-            reason = str(e).splitlines()[0][:200]
+            from jaxscale.distributed import accelerator_installed
+            reason = ("no GPU or TPU plugin for JAX is installed" if not accelerator_installed()
+                      else str(e).splitlines()[0].split(" (set JAX_PLATFORMS")[0][:160])
             raise DeviceError(f"--platform {platform}: no {platform} devices here ({reason}); "
                               f"choose from {', '.join(PLATFORMS)} (auto: an accelerator if "
                               "present, else the CPU)") from None

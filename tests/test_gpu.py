@@ -59,4 +59,5 @@ def test_bench_reports_mfu_against_the_datasheet():
     r = bench.run(bench.BenchConfig("small", 16, "bf16", attention="cudnn", steps=3), dev, peak)
     assert r.datasheet_peak is not None, f"no datasheet entry for {dev.device_kind!r}"
     assert 0 < r.mfu_datasheet < 1 and 0 < r.mfu_matmul < 1.2
-    assert r.peak_memory_bytes is not None and r.peak_memory_bytes > 0
+    assert r.allocator_peak_bytes is not None and r.allocator_peak_bytes > 0
+    assert r.memory["temporaries"] > 0

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from jaxscale.cli import _number
+from jaxscale.cli import EXIT_FAILED, _error, _number
 
 
 def _list(kind, name: str, choices=None):
@@ -83,24 +83,35 @@ def run(args) -> int:
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
     say(f"jaxscale bench: {device.device_kind} ({device.platform}); measuring a matmul peak")
     peak = hardware.measure_matmul_peak(device)
-    rows = []
+    rows, failed = [], []
     for i, c in enumerate(configs):
         say(f"[{i + 1}/{len(configs)}] batch {c.batch_size}, remat {c.remat}: compiling, "
             f"then {c.warmup} + {c.steps} steps")
         where = None if args.profile is None else Path(args.profile) / _label(c)
-        r = bench.run(c, device, peak, profiling.Profiler(where))
+        try:
+            r = bench.run(c, device, peak, profiling.Profiler(where))
+        except Exception as e:  # noqa: BLE001 - out of memory in one row must not end the sweep
+            failed.append({"config": c.__dict__, "error": f"{type(e).__name__}: {e}"[:2000]})
+            say(f"  failed: {failed[-1]['error'][:300]}")
+            continue
         if where is not None:
             r.extra["profile"] = str(where)
             r.extra["top_ops"] = [op.__dict__ for op in profiling.top_ops(where) or []]
         rows.append(r)
+    first = rows[0] if rows else None
     result = {"device_kind": device.device_kind, "platform": device.platform,
               "matmul_peak": peak.as_dict(),
-              "datasheet_peak": rows[0].datasheet_peak,
-              "convention": rows[0].flops.convention, "rows": [r.to_json() for r in rows],
-              "jax": jax.__version__}
+              "datasheet_peak": first and first.datasheet_peak,
+              "convention": first and first.flops.convention,
+              "rows": [r.to_json() for r in rows], "failed": failed, "jax": jax.__version__}
     if args.json:
         print(json.dumps(result))
-        return 0
+        return EXIT_FAILED if failed else 0
+    for f in failed:
+        _error(f"batch {f['config']['batch_size']}, remat {f['config']['remat']}: "
+               f"{f['error'][:500]}")
+    if not rows:
+        return EXIT_FAILED
     f = rows[0].flops
     print(f"{device.device_kind}: matmul peak {peak.flops_per_s / 1e12:.3g} TFLOP/s measured "
           f"({peak.dtype}, n={peak.n}); datasheet "
@@ -110,12 +121,12 @@ def run(args) -> int:
     print_table(f"jaxscale bench: {args.model}, {precision}, attention {attention}, layers "
                 f"{'unrolled' if args.unroll else 'scanned'}",
                 ["batch", "remat", "compile s", "step ms", "tokens/s", "TFLOP/s",
-                 "MFU datasheet", "MFU matmul", "XLA/analytic FLOPs", "peak memory GiB"],
+                 "MFU datasheet", "MFU matmul", "XLA/analytic FLOPs", "memory GiB"],
                 [[r.config.batch_size, r.config.remat, r.compile_s, r.step_s * 1e3,
                   r.tokens_per_s, r.achieved_flops_per_s / 1e12, _pct(r.mfu_datasheet),
                   _pct(r.mfu_matmul),
                   "-" if r.xla_flops_per_token is None else r.xla_flops_per_token / f.total,
-                  "-" if r.peak_memory_bytes is None else r.peak_memory_bytes / 2 ** 30]
+                  _step_bytes(r.memory) / 2 ** 30]
                  for r in rows])
     for r in rows:
         if r.extra.get("top_ops"):
@@ -123,6 +134,12 @@ def run(args) -> int:
             print(f"top ops, batch {r.config.batch_size} remat {r.config.remat}: {ops} "
                   f"(trace in {r.extra['profile']})")
     return 0
+
+
+def _step_bytes(m: dict) -> int:
+    """A step's bytes per device: its arguments (the state, the batch) and temporaries,
+    less what the outputs reuse of the arguments (the donated state)."""
+    return m["arguments"] + m["outputs"] + m["temporaries"] - m["aliased"]
 
 
 def _label(c) -> str:

@@ -42,6 +42,10 @@ def register(subparsers) -> None:
                    help=f"linear warm-up steps (default {d.warmup})")
     t.add_argument("--batch-size", type=_number(), default=d.batch_size,
                    help=f"documents per step (default {d.batch_size})")
+    t.add_argument("--train-docs", type=_number(), default=d.n_train_docs, metavar="N",
+                   help=f"garden documents drawn for training (default {d.n_train_docs:,}); "
+                        "the mid, 1b and 7b presets pack about 45 of them into a row of "
+                        "1,024 tokens")
     t.add_argument("--seed", type=_number(minimum=0), default=d.seed,
                    help="seed of the corpus, the initialisation and the batch order "
                         f"(default {d.seed})")
@@ -211,6 +215,7 @@ def run(args) -> int:
     cfg = TrainConfig(model=args.model, steps=args.steps, optimizer=args.optimizer, lr=args.lr,
                       lr_schedule=args.lr_schedule, warmup=args.warmup,
                       batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
+                      n_train_docs=args.train_docs,
                       stop_gap=args.stop_gap, precision=args.precision,
                       mesh=args.mesh or "dp=1", micro_batches=args.micro_batches or 1,
                       remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
