@@ -65,6 +65,8 @@ class BenchConfig:
 
 @dataclass
 class BenchResult:
+    """What `run` measured for one BenchConfig (every figure `jaxscale bench` prints)."""
+
     config: BenchConfig
     device_kind: str
     platform: str

@@ -190,6 +190,7 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
     here = next(d for d in devices[:plan.n_devices] if d.process_index == jax.process_index())
     on0 = lambda tree: measure.bytes_on_device(tree, here)  # noqa: E731
     out = {"name": name, "status": "ok", "plan": plan.as_dict(), "n_devices": plan.n_devices,
+           "platform": here.platform, "device_kind": here.device_kind,
            "losses": losses, "compile_s": compile_s, "compile_source": source,
            "step_s": timing.get("median_s"), "step_s_q1": timing.get("q1_s"),
            "step_s_q3": timing.get("q3_s"), "step_repeats": timing.get("repeats"),

@@ -180,11 +180,13 @@ def test_bad_options_are_refused():
 
 @pytest.mark.slow
 def test_the_cpu_dry_run_of_gpu_check_passes_every_step(tmp_path):
-    """The whole script on this CPU (tiny and small models, 2 timed steps): every step runs
-    and exits 0 within a short budget, and the JSON has the bench rows, the profile's top
-    ops, train's falling loss and compare's result. About 80 s with a warm cache."""
-    r = gpu_check("--platform", "cpu", "--budget", "200", "--out", str(tmp_path),
-                  "--work", str(tmp_path / "work"), timeout=400)
+    """The whole script on this CPU (tiny and tiny8 models, 2 timed steps): every step runs
+    and exits 0, and the JSON has the bench rows, the profile's top ops, train's falling
+    loss and compare's result. It checks the script, not speed: the budget and the CPU
+    timeouts are generous (a cold compile on two cores loaded by the suite's other worker
+    took 45 s for one config)."""
+    r = gpu_check("--platform", "cpu", "--budget", "1200", "--out", str(tmp_path),
+                  "--work", str(tmp_path / "work"), timeout=1500)
     got = json.loads((tmp_path / "gpu-cpu-dry-run.json").read_text())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert not (tmp_path / "gpu.json").exists()
@@ -194,7 +196,7 @@ def test_the_cpu_dry_run_of_gpu_check_passes_every_step(tmp_path):
         assert s["rc"] == 0 and s["status"] in ("ok", "not-needed"), s
     rows = got["bench_rows"]
     assert {(r["model"], r["unroll"]) for r in rows} == {("tiny", False), ("tiny", True),
-                                                        ("small", False), ("small", True)}
+                                                        ("tiny8", False), ("tiny8", True)}
     assert {r["remat"] for r in rows} == {"none", "matmuls"}
     for row in rows:
         assert row["tokens_per_s"] > 0 and 0 < row["mfu_matmul"] < 1.5

@@ -136,7 +136,8 @@ def run(args) -> int:
     from jaxscale.commands.compare_runner import WorkerError, run_all
     from jaxscale.compare import judge
     result = {"model": args.model, "devices": args.devices, "steps": args.steps,
-              "batch_size": args.batch_size, "cores": os.cpu_count(), "complete": False,
+              "batch_size": args.batch_size, "cores": os.cpu_count(),
+              "platform": args.platform, "complete": False,
               "rows": []}
 
     def save(rows):  # every finished strategy is on disk at once
