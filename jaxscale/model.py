@@ -13,7 +13,7 @@ sharding Plan maps onto mesh axes.
 
 Three choices change how the model computes, never what (each is a static attribute of
 the graph and a Plan field): `remat` (what backward recomputes), `attention` (the kernel:
-see ATTENTION_KERNELS) and `unroll` (the layers as one compiled loop body run L times, or
+see jaxscale.attention) and `unroll` (the layers as one compiled loop body run L times, or
 written out L times: a loop compiles once per shape whatever L is; unrolled code lets XLA
 schedule and fuse across layers, which GPU recipes prefer).
 """
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxscale import garden
+from jaxscale import attention as attentionlib, garden
 
 
 class ModelConfigError(ValueError):
@@ -144,22 +144,15 @@ REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable
                   "matmuls": jax.checkpoint_policies.dots_saveable}
 
 
-# Attention kernels, one function: "einsum" writes softmax(QK^T/sqrt(k) + causal mask)V out
-# (the reference; it builds the T x T scores and mask); "xla" and "cudnn" call
-# jax.nn.dot_product_attention(is_causal=True) with that implementation: "xla" lowers to
-# the same einsums (any platform), "cudnn" is cuDNN's fused flash attention (NVIDIA GPUs,
-# bf16/fp16 only), which never materialises the T x T scores.
-ATTENTION_KERNELS = ("einsum", "xla", "cudnn")
-
-
 def check_compute(remat: str = "none", attention: str = "einsum") -> None:
     """Raise ModelConfigError naming a remat policy or attention kernel that is unknown."""
     if remat not in REMAT_POLICIES:
         raise ModelConfigError(f"unknown remat policy {remat!r}; choose from "
                                f"{', '.join(REMAT_POLICIES)}")
-    if attention not in ATTENTION_KERNELS:
-        raise ModelConfigError(f"unknown attention kernel {attention!r}; choose from "
-                               f"{', '.join(ATTENTION_KERNELS)}")
+    try:
+        attentionlib.check_kernel(attention)
+    except attentionlib.KernelError as e:
+        raise ModelConfigError(str(e)) from None
 
 
 class Blocks(nnx.Module):
@@ -268,29 +261,14 @@ def _same(x):
     return x
 
 
-def causal_attention(q, k, v):
-    """softmax(q k^T / sqrt(head_dim), causal) v for q, k, v [B, T, heads, head_dim], written
-    out: the reference the fused kernels are checked against."""
-    scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(q.shape[-1])
-    t = q.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    scores = scores.astype(jnp.float32)  # softmax in fp32, as mixed precision does
-    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    return jnp.einsum("bhqs,bshk->bqhk", weights, v)
-
-
 def attention(p, x, reduce=_same, kernel: str = "einsum"):
     """Multi-head causal self-attention; heads are independent until the output projection.
     `reduce` sums the heads' partial outputs over devices when they are split (tensor
-    parallelism); the output bias is added once, after it. `kernel`: ATTENTION_KERNELS."""
+    parallelism); the output bias is added once, after it. `kernel`: jaxscale.attention."""
     q = jnp.einsum("btd,dhk->bthk", x, p["wq"]) + p["bq"]
     k = jnp.einsum("btd,dhk->bthk", x, p["wk"]) + p["bk"]
     v = jnp.einsum("btd,dhk->bthk", x, p["wv"]) + p["bv"]
-    if kernel == "einsum":
-        out = causal_attention(q, k, v)
-    else:  # the same [B, T, heads, head_dim] layout; scale 1/sqrt(head_dim) by default
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=kernel)
+    out = attentionlib.attend(q, k, v, kernel)
     return reduce(jnp.einsum("bthk,hkd->btd", out, p["wo"])) + p["bo"]
 
 

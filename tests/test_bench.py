@@ -79,7 +79,7 @@ def test_bench_json_has_every_figure_it_prints(cli):
     (["--remat", "most"], ["unknown remat policy 'most'", "none, full, matmuls"]),
     (["--model", "mid"], ["'mid' is sized for GPU/TPU"]),
     (["--platform", "gpu"], ["--platform gpu: no gpu devices here"]),
-    (["--attention", "cudnn"], ["--attention cudnn runs on NVIDIA GPUs"]),
+    (["--attention", "cudnn"], ["--attention cudnn: cuDNN flash attention runs on NVIDIA GPUs"]),
     (["--precision", "fp64"], ["'fp64'"]),
 ])
 def test_bad_bench_input_is_one_line_and_exit_2(capsys, argv, words):

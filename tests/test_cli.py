@@ -49,7 +49,8 @@ def _fail(capsys, argv):
     (["train", "--precision", "fp64"], ["'fp64'", "bf16", "fp16", "bf16-pure"]),
     (["train", "--model", "7b"], ["'7b' is sized for GPU/TPU", "tiny, tiny8, small"]),
     (["train", "--platform", "tpu"], ["--platform tpu: no tpu devices here"]),
-    (["train", "--attention", "cudnn"], ["--attention cudnn runs on NVIDIA GPUs", "cpu"]),
+    (["train", "--attention", "cudnn"], ["--attention cudnn: cuDNN flash attention runs on "
+                                          "NVIDIA GPUs; these devices are cpu"]),
     (["train", "--attention", "flash"], ["'flash'", "einsum", "xla", "cudnn"]),
     (["train", "--mesh", "dp=16"], ["dp=16", "16 devices", "8"]),
     (["train", "--steps", "-1e3"], ["--steps", "got -1e3"]),  # not "expected one argument"

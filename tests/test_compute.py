@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxscale import measure, model as M
+from jaxscale import attention, measure, model as M
 from jaxscale.loss import loss_fn
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
@@ -97,7 +97,7 @@ def test_plan_parses_and_writes_the_kernel_and_unroll():
 @pytest.mark.parametrize("layout, words", [
     ("attention=flash", ["'flash'", "einsum, xla, cudnn"]),
     ("unroll=yes", ["unroll must be 0 or 1", "'yes'"]),
-    ("attention=cudnn", ["cuDNN flash attention takes bf16 or fp16", "fp32", "float32"]),
+    ("attention=cudnn", ["cuDNN flash attention takes bf16 or fp16", "float32", "fp32"]),
 ])
 def test_bad_kernel_choices_name_the_value_and_the_choices(layout, words):
     with pytest.raises(PlanError) as e:
@@ -130,7 +130,7 @@ def test_dot_product_attention_keeps_causality():
     key = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(kk, (1, 6, 2, 4)) for kk in key)
     v2 = v.at[:, 4:].set(7.0)
-    for f in (M.causal_attention,
+    for f in (attention.causal_attention,
               lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                            implementation="xla")):
         assert jnp.array_equal(f(q, k, v)[:, :4], f(q, k, v2)[:, :4])

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxscale import bench, hardware, model as M
+from jaxscale import attention, bench, hardware
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +28,7 @@ def test_cudnn_flash_attention_equals_the_einsum_reference(dtype):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
 
     def ref(q, k, v):
-        return M.causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)))
+        return attention.causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)))
     out, vjp = jax.vjp(cudnn, q, k, v)
     ref_out, ref_vjp = jax.vjp(ref, q, k, v)
     for a, b in zip((out, *vjp(dy)), (ref_out, *ref_vjp(dy.astype(jnp.float32)))):

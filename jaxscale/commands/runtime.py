@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from jaxscale.cli import UsageError
 from jaxscale.devices import PLATFORMS
-from jaxscale.model import ATTENTION_KERNELS
+from jaxscale.attention import KERNELS, KernelError, check_kernel
 
-ATTENTION_CHOICES = ("auto", *ATTENTION_KERNELS)
+ATTENTION_CHOICES = ("auto", *KERNELS)
 
 
 def add_arguments(parser, platform: bool = True) -> None:
@@ -42,13 +42,11 @@ def resolve_attention(choice: str, platform: str, precision: str) -> str:
     if choice not in ATTENTION_CHOICES:
         raise UsageError(f"unknown attention kernel {choice!r}; choose from "
                          f"{', '.join(ATTENTION_CHOICES)}")
-    sixteen = precisionlib.policy(precision).compute_dtype.itemsize == 2
+    compute = precisionlib.policy(precision).compute_dtype
     if choice == "auto":
-        return "cudnn" if platform == "gpu" and sixteen else "einsum"
-    if choice == "cudnn" and platform != "gpu":
-        raise UsageError(f"--attention cudnn runs on NVIDIA GPUs; these devices are "
-                         f"{platform}: use --attention xla or einsum")
-    if choice == "cudnn" and not sixteen:
-        raise UsageError(f"--attention cudnn takes bf16 or fp16, but --precision {precision} "
-                         "computes in float32: use --precision bf16 or --attention xla")
+        return "cudnn" if platform == "gpu" and compute.itemsize == 2 else "einsum"
+    try:
+        check_kernel(choice, platform, compute)
+    except KernelError as e:
+        raise UsageError(f"--attention {choice}: {e}") from None
     return choice

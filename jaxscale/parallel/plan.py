@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxscale import devices as devlib, model as modellib, precision
+from jaxscale import attention, devices as devlib, model as modellib, precision
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 REMAT_POLICIES = tuple(modellib.REMAT_POLICIES)
@@ -43,7 +42,7 @@ class Plan:
     virtual: int = 1  # model chunks per pipeline device (interleaved schedule: >= 2)
     remat: str = "none"
     precision: str = "fp32"
-    attention: str = "einsum"  # model.ATTENTION_KERNELS: einsum (reference), xla, cudnn
+    attention: str = "einsum"  # jaxscale.attention.KERNELS: einsum (reference), xla, cudnn
     unroll: bool = False  # the layers written out instead of one scanned loop body
 
     @property
@@ -77,16 +76,13 @@ class Plan:
         if self.precision not in precision.POLICIES:
             raise PlanError(f"unknown precision policy {self.precision!r}; choose from "
                             f"{', '.join(precision.POLICIES)}")
-        if self.attention not in modellib.ATTENTION_KERNELS:
-            raise PlanError(f"unknown attention kernel {self.attention!r}; choose from "
-                            f"{', '.join(modellib.ATTENTION_KERNELS)}")
+        try:
+            attention.check_kernel(self.attention,
+                                   compute_dtype=precision.policy(self.precision).compute_dtype)
+        except attention.KernelError as e:
+            raise PlanError(f"{e} (precision {self.precision})") from None
         if not isinstance(self.unroll, bool):
             raise PlanError(f"unroll must be True or False, got {self.unroll!r}")
-        compute = precision.policy(self.precision).compute_dtype
-        if self.attention == "cudnn" and jnp.dtype(compute).itemsize != 2:
-            raise PlanError(f"cuDNN flash attention takes bf16 or fp16, but precision "
-                            f"{self.precision} computes in {jnp.dtype(compute).name}; use "
-                            "attention xla, or a bf16/fp16 precision policy")
         if self.zero_stage and self.dp < 2:
             raise PlanError(f"ZeRO needs dp > 1 to shard over, got dp={self.dp} with "
                             f"zero_stage={self.zero_stage}; use e.g. --mesh dp=8")
@@ -191,12 +187,12 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     ZeRO (zero.py), or with tp / pp (hybrid.py).
     """
     plan.validate()
-    if plan.attention == "cudnn":
-        import jax
-        platforms = {d.platform for d in (jax.devices() if devices is None else devices)}
-        if platforms != {"gpu"}:
-            raise PlanError(f"cuDNN flash attention runs on NVIDIA GPUs; these devices are "
-                            f"{', '.join(sorted(platforms))}: use attention xla or einsum")
+    import jax
+    for platform in {d.platform for d in (jax.devices() if devices is None else devices)}:
+        try:
+            attention.check_kernel(plan.attention, platform)
+        except attention.KernelError as e:
+            raise PlanError(str(e)) from None
     graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat,
                                               attention=plan.attention, unroll=plan.unroll))
     pol = precision.policy(plan.precision)
