@@ -13,7 +13,9 @@ CheckpointManager:
 (jaxscale.checkpoint_dir reads a directory as it lies on disk: complete steps, the JSON,
 file lists, tensors by name.) Orbax writes a step into `D/20.orbax-checkpoint-tmp*` and
 renames it when every process is done, so a process killed mid-save leaves the previous step whole; the manager removes
-such leftovers when it opens D for writing. Restoring reads each tensor straight into the
+such leftovers when it opens D for writing. Old steps past `keep` are renamed into
+`D/.deleted/` before they are removed (checkpoint_dir.empty_trash), so no kill leaves a
+half-deleted step. Restoring reads each tensor straight into the
 new plan's canonical shardings (Orbax reshards; it cannot reshape, which is what each
 layout's canonical conversion is for), checks the digest (a deleted or truncated file can
 read back as zeros), and `from_canonical` lays the state out for the new plan.
@@ -36,9 +38,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxscale.checkpoint_dir import (  # noqa: F401  (re-exported: the directory's side)
-    DIGEST, FORMAT, TMP_MARK, CheckpointDamaged, CheckpointError, check_compatible,
-    check_files, complete_steps, listing, read_canonical, read_meta, run_meta, versions,
-    write_manifest)
+    DIGEST, FORMAT, TMP_MARK, TRASH, CheckpointDamaged, CheckpointError, check_compatible,
+    check_files, complete_steps, empty_trash, listing, read_canonical, read_meta, run_meta,
+    versions, write_manifest)
 from jaxscale.parallel.canonical import canonical_sharding
 
 class CheckpointWriteError(RuntimeError):
@@ -159,8 +161,10 @@ class Checkpointer:
             self.directory, item_names=("state", "meta"),
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=options.keep, create=options.every is not None,
-                cleanup_tmp_directories=True, enable_async_checkpointing=options.async_save))
+                cleanup_tmp_directories=True, todelete_subdir=TRASH,
+                enable_async_checkpointing=options.async_save))
         self._last_saved = None
+        self._empty_trash()
 
     def __enter__(self):
         return self
@@ -280,6 +284,11 @@ class Checkpointer:
         if step is not None and jax.process_index() == 0 and step in complete_steps(
                 self.directory):
             write_manifest(self.directory / str(step))
+        self._empty_trash()  # the steps this save pushed past `keep`
+
+    def _empty_trash(self) -> None:
+        if jax.process_index() == 0:
+            empty_trash(self.directory)
 
     def _write_failed(self, step, error: Exception) -> CheckpointWriteError:
         kept = [s for s in complete_steps(self.directory) if step is None or s < step]

@@ -5,6 +5,8 @@
     D/20/jaxscale-files.json   every file of the step and its size, written after the commit
     D/24.orbax-checkpoint-tmp  a save that never finished (a kill mid-save): never used
     D/16.damaged               a damaged step a later run moved aside
+    D/.deleted/12              an old step past --keep: renamed here in one step, then
+                               emptied (a kill mid-delete leaves no half step among the steps)
 
 Also what the JSON holds (`run_meta`) and what a resumed run must share with it
 (`check_compatible`). Plain files only (`jaxscale checkpoint ls` never starts JAX),
@@ -23,6 +25,7 @@ MUST_MATCH = ("model", "optimizer", "lr", "lr_schedule", "warmup", "steps", "bat
 NO_FLAG = ("n_train_docs", "n_val_docs")  # set only through the Python API (TrainConfig)
 TMP_MARK = ".orbax-checkpoint-tmp"
 MANIFEST = "jaxscale-files.json"
+TRASH = ".deleted"  # Orbax's todelete_subdir: old steps are renamed here, then removed
 DIGEST = "digest."  # the name prefix of each tensor's digest item (jaxscale.checkpoint)
 
 
@@ -136,6 +139,17 @@ def check_files(step_dir: Path) -> None:
         if f.stat().st_size != size:
             raise CheckpointDamaged(f"checkpoint {step_dir} is damaged: {name} has "
                                     f"{f.stat().st_size:,} bytes, {size:,} when saved")
+
+
+def empty_trash(directory) -> None:
+    """Remove the old steps Orbax renamed into `TRASH` (each child, never TRASH itself,
+    which Orbax may be renaming into at this moment). Deleting in place would let a kill
+    leave a half-deleted step that reads as damaged; a rename is atomic, and a kill in
+    here only leaves part of a step that no listing looks at."""
+    import shutil
+    trash = Path(directory) / TRASH
+    for child in (list(trash.iterdir()) if trash.is_dir() else []):
+        shutil.rmtree(child, ignore_errors=True)
 
 
 def dir_bytes(path: Path) -> int:

@@ -169,6 +169,21 @@ def test_an_async_save_in_flight_is_finished_at_exit(tmp_path, monkeypatch):
 
 def test_keep_deletes_the_oldest(straight):
     assert C.complete_steps(straight[1]) == [4, 6, 8]  # keep=3 of 2, 4, 6, 8
+    # deleted by a rename into the trash, which is emptied after each save
+    assert not list((straight[1] / C.TRASH).iterdir())
+
+
+def test_a_half_deleted_step_in_the_trash_is_never_listed_and_is_removed(straight, tmp_path):
+    """A kill while an old step is being removed leaves part of it in the trash only:
+    the listing never shows it, and the next run that opens the directory removes it."""
+    d = tmp_path / "ck"
+    shutil.copytree(straight[1], d)
+    shutil.copytree(d / "4", d / C.TRASH / "2")
+    shutil.rmtree(d / C.TRASH / "2" / "state")  # half deleted
+    assert [r["step"] for r in C.listing(d)] == [4, 6, 8]
+    assert all(r["complete"] for r in C.listing(d))
+    C.Checkpointer(C.CheckpointOptions(str(d), every=2, resume=True)).close()
+    assert not list((d / C.TRASH).iterdir()) and C.complete_steps(d) == [4, 6, 8]
 
 
 def _damage(step_dir, how):
