@@ -12,13 +12,13 @@ CheckpointManager:
 
 (jaxscale.checkpoint_dir reads a directory as it lies on disk: complete steps, the JSON,
 file lists, tensors by name.) Orbax writes a step into `D/20.orbax-checkpoint-tmp*` and
-renames it when every process is done, so a process killed mid-save leaves the previous step whole; the manager removes
-such leftovers when it opens D for writing. Old steps past `keep` are renamed into
-`D/.deleted/` before they are removed (checkpoint_dir.empty_trash), so no kill leaves a
-half-deleted step. Restoring reads each tensor straight into the
-new plan's canonical shardings (Orbax reshards; it cannot reshape, which is what each
-layout's canonical conversion is for), checks the digest (a deleted or truncated file can
-read back as zeros), and `from_canonical` lays the state out for the new plan.
+renames it when every process is done, so a process killed mid-save leaves the previous
+step whole; the manager removes such leftovers when it opens D for writing. Old steps past
+`keep` are renamed into `D/.deleted/` before they are removed (checkpoint_dir.empty_trash),
+so no kill leaves a half-deleted step. Restoring reads each tensor straight into the new
+plan's canonical shardings (Orbax reshards; it cannot reshape, which is what each layout's
+canonical conversion is for), checks the digest (a deleted or truncated file can read back
+as zeros), and `from_canonical` lays the state out for the new plan.
 
 What must match to resume: everything that defines the run's numbers (model, optimizer,
 learning rate and schedule, batch, seed, corpus, precision: `MUST_MATCH`). The plan may
