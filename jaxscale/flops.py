@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from jaxscale.model import REMAT_POLICIES, ModelConfig, ModelConfigError
+from jaxscale.model import ModelConfig, ModelConfigError, check_compute
 
 CONVENTION = ("model FLOPs/token = 6N (N = L(4d^2+2df) + Vd matmul weights, fwd 2N + bwd 4N)"
               " + 12 L s d attention (non-causal s x s, as PaLM/MaxText); no remat, no"
@@ -78,9 +78,7 @@ def recompute_flops_per_token(cfg: ModelConfig, remat: str, seq_len: int | None 
       matmuls  0 matmul FLOPs: the dot outputs are kept (dots_saveable); only elementwise
                work (LayerNorm, GELU, softmax) is recomputed, and that is never counted.
     """
-    if remat not in REMAT_POLICIES:
-        raise ModelConfigError(f"unknown remat policy {remat!r}; choose from "
-                               f"{', '.join(REMAT_POLICIES)}")
+    check_compute(remat)
     if remat != "full":
         return 0
     s = cfg.seq_len if seq_len is None else seq_len

@@ -1,6 +1,7 @@
 """jaxscale bench: its arithmetic, the figures it prints, --profile, and bad input."""
 import math
 
+import jax.numpy as jnp
 import pytest
 
 from jaxscale import bench, flops, hardware, model as M, profiling
@@ -71,6 +72,22 @@ def test_bench_json_has_every_figure_it_prints(cli):
         assert r["tokens_per_s"] > 0 and 0 < r["mfu_matmul"] < 5
         assert math.isfinite(r["flops"]["total"]) and r["config"]["attention"] == "einsum"
     assert "6N" in out["convention"]
+
+
+def test_the_matmul_peak_is_measured_in_the_steps_compute_dtype(cli, monkeypatch):
+    """A bf16 step's MFU divides by a bf16 matmul's rate, not the platform's default (fp32
+    on CPU): the peak is measured in the precision policy's compute dtype."""
+    real, asked = hardware.measure_matmul_peak, []
+
+    def small_peak(device=None, dtype=None, **_):
+        asked.append(dtype)
+        return real(device, dtype, n=64, iters=2, repeats=1)
+    monkeypatch.setattr(hardware, "measure_matmul_peak", small_peak)
+    out = cli("bench", "--model", "tiny", "--batch", "4", "--steps", "1", "--warmup", "0",
+              "--precision", "bf16", "--json")
+    assert [jnp.dtype(d).name for d in asked] == ["bfloat16"]
+    assert out["matmul_peak"]["dtype"] == "bfloat16"
+    assert out["rows"][0]["compute_dtype"] == "bfloat16"
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -65,6 +65,7 @@ def run(args) -> int:
     from jaxscale import bench, devices as devlib, hardware, model as modellib, profiling
     from jaxscale.cli import enable_compilation_cache
     from jaxscale.commands.runtime import resolve_attention
+    from jaxscale import precision as precisionlib
     from jaxscale.report import print_table
 
     device = devlib.pick_devices(args.platform)[0]  # one device: the first
@@ -82,7 +83,9 @@ def run(args) -> int:
     enable_compilation_cache()
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
     say(f"jaxscale bench: {device.device_kind} ({device.platform}); measuring a matmul peak")
-    peak = hardware.measure_matmul_peak(device)
+    # the peak in the dtype the step computes in: a bf16 step against a bf16 matmul, an
+    # fp32 one against fp32 (TF32 on an NVIDIA GPU, as XLA runs both by default)
+    peak = hardware.measure_matmul_peak(device, precisionlib.policy(precision).compute_dtype)
     rows, failed = [], []
     for i, c in enumerate(configs):
         say(f"[{i + 1}/{len(configs)}] batch {c.batch_size}, remat {c.remat}: compiling, "
