@@ -90,6 +90,7 @@ def _plan(name):
     return Plan() if name == "single" else LAYOUTS[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES)
 def test_restore_into_another_plan_is_lossless(source, tmp_path):
     """Saved from one plan, restored into five others: the restored canonical state equals
@@ -134,6 +135,7 @@ def straight(tmp_path_factory):
     return _train(tmp, "ck")[0], tmp / "ck"
 
 
+@pytest.mark.slow
 def test_halt_then_resume_in_process_is_bit_identical(straight, tmp_path):
     full, _ = straight
     half, _ = _train(tmp_path, "ck", halt_after=4)

@@ -77,6 +77,7 @@ def test_help_explains_the_options(capsys):
         assert flag in out
 
 
+@pytest.mark.slow
 def test_train_end_to_end_json(tmp_path):
     """`python -m jaxscale train ... --json` in a fresh process, forcing one CPU device, with
     HOME an empty folder: nothing may be written there (caches stay in the repository)."""

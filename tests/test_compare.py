@@ -12,6 +12,7 @@ from jaxscale.parallel.plan import Plan
 from conftest import run_python, setup
 
 
+@pytest.mark.slow
 def test_compare_on_four_devices_end_to_end(tmp_path):
     """The command in a fresh process (it forces its own 4 devices): every strategy passes
     the measured loss bound and every measured figure equals its prediction."""
@@ -45,6 +46,7 @@ def test_compare_on_four_devices_end_to_end(tmp_path):
     assert "| zero3 | dp=4 ZeRO-3 |" in (tmp_path / "compare.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["zero1", "dp+tp", "3d"])
 def test_eight_device_strategies_match_their_predictions(devices, name):
     cfg, params, batch = setup("tiny")

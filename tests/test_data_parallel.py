@@ -33,6 +33,7 @@ def dp_grads(graphdef, dp, micro_batches=1):
         in_specs=(P(), P(AXIS)), out_specs=(P(), P())))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dp, micro", [(8, 1), (4, 2), (2, 4)])
 def test_gradients_equal_single_device(devices, dp, micro):
     graphdef, params, batches = setup()
@@ -59,6 +60,7 @@ def test_the_other_convention_would_give_dp_times_the_gradient(devices):
     assert measure.max_rel_diff(jax.tree.map(lambda w: w / 8, wrong), ref) <= 1e-5
 
 
+@pytest.mark.slow
 def test_60_step_loss_curve_and_identical_replicas(devices):
     graphdef, params, batches = setup()
     opt = optim.adamw(3e-3)

@@ -2,10 +2,12 @@
 import json
 
 import numpy as np
+import pytest
 
 from conftest import run_python
 
 
+@pytest.mark.slow
 def test_ring_walkthrough_bytes_times_and_accumulation(tmp_path):
     r = run_python("import runpy, sys; sys.argv[0] = 'x'; "
                    "runpy.run_module('experiments.data_parallel', run_name='__main__')",

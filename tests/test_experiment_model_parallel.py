@@ -2,9 +2,12 @@
 (Parts c and f, the pipelines and 3-D, are checked in test_pipeline.)"""
 import json
 
+import pytest
+
 from conftest import run_python
 
 
+@pytest.mark.slow
 def test_tensor_parallel_schedules_and_the_communication_table(tmp_path):
     r = run_python("import runpy, sys; sys.argv[0] = 'x'; "
                    "runpy.run_module('experiments.model_parallel', run_name='__main__')",

@@ -4,12 +4,14 @@ import json
 
 import jax
 import numpy as np
+import pytest
 
 from jaxscale import optim
 
 from conftest import run_python
 
 
+@pytest.mark.slow
 def test_toy_problems_and_cli(tmp_path):
     r = run_python("import sys; from experiments.optimizers import main; sys.exit(main())",
                    "--parts", "a", "--out", str(tmp_path), "--json")

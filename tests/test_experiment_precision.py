@@ -1,9 +1,12 @@
 """experiments.precision: parts a, b and e (the training parts run in the benchmark)."""
 import json
 
+import pytest
+
 from conftest import run_python
 
 
+@pytest.mark.slow
 def test_formats_underflow_and_bytes(tmp_path):
     r = run_python("import sys; from experiments.precision import main; sys.exit(main())",
                    "--parts", "abe", "--out", str(tmp_path), "--json")

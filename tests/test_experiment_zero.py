@@ -17,6 +17,7 @@ def results(tmp_path_factory):
     return json.loads(r.stdout), out, r.stderr  # with --json the tables go to stderr
 
 
+@pytest.mark.slow
 def test_zero_paper_table_and_exercise_2(results):
     res, out, _ = results
     a = res["a"]

@@ -18,6 +18,7 @@ def test_vocabulary_size_and_specials():
     assert (g.PAD_ID, g.BOS_ID, g.EOS_ID) == (0, 1, 2)
 
 
+@pytest.mark.slow
 def test_every_reachable_state_is_a_distribution():
     states = g.reachable_states()
     assert len(states) > 1000

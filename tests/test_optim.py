@@ -120,12 +120,14 @@ epss = st.sampled_from([1e-8, 1e-6, 1e-3])
 scheduled = st.booleans()
 
 
+@pytest.mark.slow
 @HYPOTHESIS
 @given(lr=st.floats(1e-3, 0.5), scheduled=scheduled)
 def test_sgd_matches_optax(lr, scheduled):
     assert_bit_identical("sgd", {"lr": lr}, scheduled)
 
 
+@pytest.mark.slow
 @HYPOTHESIS
 @given(lr=st.floats(1e-3, 0.1), beta=betas, nesterov=st.booleans(), scheduled=scheduled)
 def test_momentum_matches_optax(lr, beta, nesterov, scheduled):
@@ -133,6 +135,7 @@ def test_momentum_matches_optax(lr, beta, nesterov, scheduled):
                          scheduled)
 
 
+@pytest.mark.slow
 @HYPOTHESIS
 @given(lr=lrs, init=st.floats(0.0, 1.0), eps=st.sampled_from([1e-7, 1e-10, 1e-4]),
        scheduled=scheduled)
@@ -140,12 +143,14 @@ def test_adagrad_matches_optax(lr, init, eps, scheduled):
     assert_bit_identical("adagrad", {"lr": lr, "init": init, "eps": eps}, scheduled)
 
 
+@pytest.mark.slow
 @HYPOTHESIS
 @given(lr=lrs, decay=b2s, eps=epss, scheduled=scheduled)
 def test_rmsprop_matches_optax(lr, decay, eps, scheduled):
     assert_bit_identical("rmsprop", {"lr": lr, "b2": decay, "eps": eps}, scheduled)
 
 
+@pytest.mark.slow
 @HYPOTHESIS
 @given(lr=lrs, b1=betas, b2=b2s, eps=epss, eps_root=st.sampled_from([0.0, 1e-8]),
        scheduled=scheduled)
@@ -154,6 +159,7 @@ def test_adam_matches_optax(lr, b1, b2, eps, eps_root, scheduled):
                                   "eps_root": eps_root}, scheduled)
 
 
+@pytest.mark.slow
 @HYPOTHESIS
 @given(lr=lrs, b1=betas, b2=b2s, eps=epss, wd=st.floats(0.0, 0.3), scheduled=scheduled)
 def test_adamw_matches_optax(lr, b1, b2, eps, wd, scheduled):
@@ -161,6 +167,7 @@ def test_adamw_matches_optax(lr, b1, b2, eps, wd, scheduled):
                          scheduled)
 
 
+@pytest.mark.slow
 def test_defaults_equal_optax_defaults_with_python_floats():
     """The default hyperparameters, passed as Python constants (the everyday path)."""
     graphdef, params, batches = problem()

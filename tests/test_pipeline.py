@@ -14,6 +14,7 @@ CASES = [("gpipe", 2, 1), ("gpipe", 2, 8), ("gpipe", 4, 4), ("1f1b", 2, 2), ("1f
          ("1f1b", 4, 8), ("interleaved", 2, 2), ("interleaved", 4, 4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule, pp, m", CASES)
 def test_gradients_equal_the_unpipelined_model(devices, schedule, pp, m):
     """Micro-batches and stages only regroup the same sums: measured <= 3e-7 per tensor
@@ -57,6 +58,7 @@ def test_1f1b_keeps_fewer_activations_than_gpipe(devices):
     assert temps["gpipe"] - temps["1f1b"] >= (8 - 2) * one_input
 
 
+@pytest.mark.slow
 def test_three_d_loss_curve_equals_the_single_device(devices):
     cfg, params, _ = setup("tiny8")
     from jaxscale import garden

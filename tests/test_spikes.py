@@ -135,6 +135,7 @@ def test_stop_policy_stops_at_the_spike(tmp_path):
     assert lines[-1]["step"] == 26 and lines[-1]["action"] == "stop"
 
 
+@pytest.mark.slow
 def test_rollback_restores_the_checkpoint_and_skips_exactly_the_reported_batches(
         tmp_path, monkeypatch):
     restored = []  # what the rollback restored (one device: from_canonical is the identity)

@@ -59,6 +59,7 @@ def test_step_takes_any_optax_transformation_and_learns(setup, opt):
         assert len(leaf.sharding.device_set) == 1
 
 
+@pytest.mark.slow
 def test_same_seed_gives_bit_identical_loss_curve(tmp_path):
     a = train(TrainConfig(**SHORT), out_dir=tmp_path / "a", progress=False)
     b = train(TrainConfig(**SHORT), out_dir=tmp_path / "b", progress=False)

@@ -40,6 +40,7 @@ def max_abs(a, b) -> float:
     return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.slow
 def test_stage_1_and_2_equal_plain_dp_bit_for_bit(devices):
     """The reduce-scatter adds in the same device order as the all-reduce: 0.0 after 40 steps."""
     dp, _, _ = run(0)
@@ -48,6 +49,7 @@ def test_stage_1_and_2_equal_plain_dp_bit_for_bit(devices):
         assert max_abs(z.params, dp.params) == 0.0
 
 
+@pytest.mark.slow
 def test_stage_2_with_micro_batches_and_loss_curve_vs_single_device(devices):
     """Stage 2 reduce-scatters each micro-batch, plain DP sums micro-batches first: another
     addition order. Each step's rounding difference is ~1e-7; Adam divides by sqrt(v), which
@@ -72,6 +74,7 @@ def test_optimizer_state_per_device_is_one_kth(devices):
     assert on_device_0(z.opt_state) == 8 * n // K  # 61,504 bytes for our 30,752 parameters
 
 
+@pytest.mark.slow
 def test_bytes_sent_per_step_equal_plain_dp(devices):
     n = M.param_count(CFG)
     sent = {}
@@ -105,6 +108,7 @@ def whole(stage, micro=1):
     return step.full_params(state), losses
 
 
+@pytest.mark.slow
 def test_stage_3_equals_plain_dp_and_the_single_device():
     """Stage 3 sums each gradient slice in a reduce-scatter of its own, in another order than
     DP's all-reduce of the whole gradient. Measured after 40 AdamW steps: every tensor within
@@ -157,6 +161,7 @@ def test_bad_stage_is_refused():
         Plan(dp=8, zero_stage=4).validate()
 
 
+@pytest.mark.slow
 def test_a_tensor_k_does_not_divide_is_padded(devices):
     """At dp=3 the 101 x 32 embedding (3,232 elements) does not split: padded with zeros to
     3,234, after 5 AdamW steps the padding (parameters and Adam moments) is still zero, and
