@@ -74,6 +74,7 @@ def test_bench_json_has_every_figure_it_prints(cli):
     assert "6N" in out["convention"]
 
 
+@pytest.mark.slow  # compiles a bf16 step
 def test_the_matmul_peak_is_measured_in_the_steps_compute_dtype(cli, monkeypatch):
     """A bf16 step's MFU divides by a bf16 matmul's rate, not the platform's default (fp32
     on CPU): the peak is measured in the precision policy's compute dtype."""

@@ -7,6 +7,9 @@ import pytest
 from conftest import run_python
 
 
+pytestmark = pytest.mark.slow  # one run of the experiment (about 30 s warm) serves them all
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("zero")
@@ -17,7 +20,6 @@ def results(tmp_path_factory):
     return json.loads(r.stdout), out, r.stderr  # with --json the tables go to stderr
 
 
-@pytest.mark.slow
 def test_zero_paper_table_and_exercise_2(results):
     res, out, _ = results
     a = res["a"]
