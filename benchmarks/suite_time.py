@@ -3,7 +3,8 @@
 Clones the repository's HEAD into a temporary folder (so no compilation cache and no
 virtual environment exist yet), runs `.ci/run` there and records the whole wall time
 (virtual environment, install, pytest) and pytest's own reported time. Writes
-benchmarks/results/test_suite.json. The target is well under 10 minutes on 2 cores.
+benchmarks/results/test_suite.json. The budget is 15 minutes (900 s) on the slower 2-core kind
+of machine.
 
     python benchmarks/suite_time.py
 """
@@ -31,7 +32,7 @@ def main():
     if r.returncode != 0 or not m:
         sys.exit(f".ci/run failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     result = {"benchmark": "test_suite_cold", "ci_wall_s": wall, "pytest_s": float(m.group(2)),
-              "tests_passed": int(m.group(1)), "target_s": 600, "cpus": os.cpu_count(),
+              "tests_passed": int(m.group(1)), "target_s": 900, "cpus": os.cpu_count(),
               "reruns": int(r2.group(1)) if (r2 := re.search(r"(\d+) rerun", tail)) else 0,
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                        capture_output=True, text=True).stdout.strip()}
