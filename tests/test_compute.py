@@ -78,9 +78,10 @@ def test_tensor_parallel_heads_split_under_dot_product_attention(devices):
 
 
 def _traced(plan: dict, monkeypatch):
-    """Build and run one step of `plan` with the xla kernel, scanned and unrolled, recording
-    what the layers were traced with: (attention kernels, the `unroll` values model.layers
-    got while each program was traced, loops in each program, the unrolled step's loss, the single-device reference loss)."""
+    """Build `plan` with the xla kernel, scanned and unrolled, and run the unrolled step once,
+    recording what the layers were traced with. Returns (the attention kernels, the `unroll`
+    values model.layers got while each program was traced, the loops in each program, the
+    unrolled step's loss, the single-device reference loss)."""
     cfg, params, batch = setup("tiny")
     _, ref_loss, _, _ = one_step("tiny")
     kernels, unrolls, loops = [], {False: set(), True: set()}, {}

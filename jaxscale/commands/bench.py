@@ -62,10 +62,10 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import jax
 
-    from jaxscale import bench, devices as devlib, hardware, model as modellib, profiling
+    from jaxscale import (bench, devices as devlib, hardware, model as modellib,
+                          precision as precisionlib, profiling)
     from jaxscale.cli import enable_compilation_cache
     from jaxscale.commands.runtime import resolve_attention
-    from jaxscale import precision as precisionlib
     from jaxscale.report import print_table
 
     device = devlib.pick_devices(args.platform)[0]  # one device: the first
