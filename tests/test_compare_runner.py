@@ -71,3 +71,20 @@ def test_the_table_and_markdown_show_a_failed_row():
     assert "| 3d | dp=2 tp=2 pp=2 | - | FAILED |" in md
     assert "3d FAILED: its process died (signal SIGABRT)" in md
     assert "share this host's 2 cores" in md
+
+
+def test_a_gpu_sized_model_is_refused_once_the_worker_finds_only_cpu_devices(monkeypatch,
+                                                                            capsys):
+    """`compare` refuses mid on CPU before JAX starts only when no accelerator plugin is
+    installed; with a plugin but no device, auto falls back to the CPU, and the worker
+    refuses it once it sees its devices: one error event, exit 2, nothing compiled."""
+    import io
+    import json
+
+    from jaxscale.commands import compare_runner
+    spec = {"model": "mid", "devices": 8, "platform": "auto"}  # the suite's 8 CPU devices
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(spec) + "\n"))
+    assert compare_runner.worker() == 2
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["error"]
+    assert "model 'mid' is sized for GPU/TPU" in events[0]["message"]

@@ -196,6 +196,11 @@ def worker() -> int:
         else:
             from jaxscale import devices as devlib
             devices = devlib.pick_devices(spec["platform"], spec["devices"])
+        # `compare` refused a GPU-sized model on CPU before JAX started, by whether an
+        # accelerator plugin is installed; a plugin with no device behind it leaves auto on
+        # the CPU, which only the devices found here can tell
+        from jaxscale import model as modellib
+        modellib.check_platform(spec["model"], devices[0].platform)
     except (CompareError, ValueError) as e:
         emit(event="error", message=str(e))
         return 2
