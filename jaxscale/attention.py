@@ -47,21 +47,46 @@ def check_kernel(kernel: str, platform: str | None = None, compute_dtype=None) -
                           "policy, or attention xla")
 
 
-def causal_attention(q, k, v):
+def causal_attention(q, k, v, segments=None):
     """softmax(q k^T / sqrt(head_dim), causal) v for q, k, v [B, T, heads, head_dim], written
-    out: the reference the fused kernels are checked against."""
+    out: the reference the fused kernels are checked against. `segments` [B, T]: each
+    token's document; a query then sees only the earlier keys of its own document."""
     scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(q.shape[-1])
     t = q.shape[1]
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    if segments is not None:
+        causal = causal & same_document(segments)
     scores = scores.astype(jnp.float32)  # softmax in fp32, as mixed precision does
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     return jnp.einsum("bhqs,bshk->bqhk", weights, v)
 
 
-def attend(q, k, v, kernel: str = "einsum"):
-    """Causal attention of q, k, v [B, T, heads, head_dim] with `kernel` (KERNELS)."""
+def same_document(segments):
+    """[B, 1, T, T] True where query and key lie in the same document (segments [B, T])."""
+    return (segments[:, :, None] == segments[:, None, :])[:, None]
+
+
+def attend(q, k, v, kernel: str = "einsum", segments=None):
+    """Causal attention of q, k, v [B, T, heads, head_dim] with `kernel` (KERNELS), within
+    documents when `segments` [B, T] is given."""
     if kernel == "einsum":
-        return causal_attention(q, k, v)
+        return causal_attention(q, k, v, segments)
     # the same layout; the scale 1/sqrt(head_dim) is the default
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=kernel)
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=None if segments is None else same_document(segments), is_causal=True,
+        implementation=kernel)
+
+
+class Documents:
+    """The whole sequence on one device, attention kept inside documents: `segments` [B, T]
+    (the model's `seq` argument; jaxscale.parallel.context.Ring is the split version)."""
+
+    def __init__(self, segments):
+        self.segments = segments
+
+    def positions(self, t: int):
+        return jnp.arange(t)
+
+    def attend(self, q, k, v, kernel: str = "einsum"):
+        return attend(q, k, v, kernel, self.segments)

@@ -36,8 +36,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 # Mesh axes in device order: dp outermost, tp innermost, so the chatty tensor-parallel
-# collectives run between neighbouring devices (on a GPU node: over NVLink).
-MESH_AXES = ("dp", "pp", "tp")
+# collectives run between neighbouring devices (on a GPU node: over NVLink), and the
+# context-parallel ring (cp) next to them.
+MESH_AXES = ("dp", "pp", "cp", "tp")
 
 
 # Threads per forced device in each of the CPU runtime's pools: a device holds up to three
@@ -158,15 +159,16 @@ def pick_devices(platform: str = "auto", n: int | None = None) -> list[jax.Devic
 
 @dataclass(frozen=True)
 class MeshShape:
-    """Sizes of the dp, pp and tp mesh axes (1 where absent)."""
+    """Sizes of the dp, pp, tp and cp mesh axes (1 where absent)."""
 
     dp: int = 1
     pp: int = 1
     tp: int = 1
+    cp: int = 1
 
     @property
     def size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.tp * self.cp
 
     def as_dict(self) -> dict[str, int]:
         return {a: getattr(self, a) for a in MESH_AXES}
@@ -179,7 +181,7 @@ _ITEM = re.compile(r"^\s*([A-Za-z_]\w*)\s*=\s*(\S+?)\s*$")
 
 
 def parse_mesh_spec(spec: str) -> MeshShape:
-    """Parse "dp=2,tp=2,pp=2" (any subset of dp, pp, tp; missing axes have size 1)."""
+    """Parse "dp=2,tp=2,pp=2" (any subset of dp, pp, cp, tp; missing axes have size 1)."""
     if not isinstance(spec, str) or not spec.strip():
         raise MeshSpecError(f"empty mesh spec {spec!r}; expected e.g. 'dp=8' or 'dp=2,tp=2,pp=2'")
     sizes: dict[str, int] = {}
@@ -207,7 +209,7 @@ def parse_mesh_spec(spec: str) -> MeshShape:
 
 
 def make_mesh(spec: str | MeshShape, devices: list[jax.Device] | None = None) -> Mesh:
-    """A Mesh with axes (dp, pp, tp) over `devices` (default: all of JAX's devices).
+    """A Mesh with axes (dp, pp, cp, tp) over `devices` (default: all of JAX's devices).
 
     The product of the axis sizes must equal the number of devices. Devices of several
     processes are placed process by process (`distributed.place_devices`: tp inside a

@@ -226,8 +226,8 @@ def keep_stdout_for_python() -> None:
 # --- placement -----------------------------------------------------------------------------
 
 def place_devices(devices, shape: devlib.MeshShape) -> np.ndarray:
-    """The devices as a (dp, pp, tp) grid: process by process, so that tp's groups (the
-    innermost axis) stay inside a process, then pp's, and dp spans the processes.
+    """The devices as a (dp, pp, cp, tp) grid: process by process, so that tp's groups (the
+    innermost axis) stay inside a process, then cp's and pp's, and dp spans the processes.
 
     Devices of one process keep the order given. A tp group that cannot fit inside one
     process (tp larger than, or not dividing, the devices per process) is placed anyway,
@@ -246,7 +246,7 @@ def place_devices(devices, shape: devlib.MeshShape) -> np.ndarray:
                 f"tp={shape.tp} does not fit inside one process ({k} devices each): every "
                 "tensor-parallel all-reduce crosses processes; choose tp dividing "
                 f"{k} for tp inside a process", stacklevel=2)
-    return np.asarray(ordered, dtype=object).reshape(shape.dp, shape.pp, shape.tp)
+    return np.asarray(ordered, dtype=object).reshape(shape.dp, shape.pp, shape.cp, shape.tp)
 
 
 def axis_locality(grid: np.ndarray, axes=devlib.MESH_AXES) -> dict[str, str]:

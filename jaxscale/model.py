@@ -45,11 +45,13 @@ class ModelConfig:
     n_heads: int
     d_ff: int
     init_std: float = 0.02
+    # packed rows: attention never crosses a document boundary (`document_ids`)
+    document_mask: bool = False
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if v <= 0:
+            if f.name != "document_mask" and v <= 0:
                 raise ModelConfigError(f"{f.name} must be positive, got {v}")
         if self.d_model % self.n_heads:
             raise ModelConfigError(
@@ -75,6 +77,10 @@ PRESETS: dict[str, ModelConfig] = {
     # of 1,024 tokens (garden.pack), the vocabulary padded to 128 for the tensor cores
     "mid": ModelConfig(vocab_size=128, seq_len=1024, d_model=1024, n_layers=24,
                        n_heads=16, d_ff=4096),
+    # tiny's shape on packed rows of 1,024 tokens (about 45 documents each), attention
+    # masked to documents: long enough for context parallelism to split on CPU
+    "long": ModelConfig(vocab_size=len(garden.VOCAB), seq_len=1024, d_model=32, n_layers=2,
+                        n_heads=4, d_ff=128, document_mask=True),
     "1b": ModelConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_layers=18,
                       n_heads=16, d_ff=8192),
     "7b": ModelConfig(vocab_size=32000, seq_len=4096, d_model=4096, n_layers=32,
@@ -82,7 +88,7 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-CPU_PRESETS = ("tiny", "tiny8", "small")  # the ones small enough to train on a laptop's CPU
+CPU_PRESETS = ("tiny", "tiny8", "small", "long")  # the ones small enough to train on a laptop's CPU
 
 
 def preset(name: str) -> ModelConfig:
@@ -201,12 +207,23 @@ class Transformer(nnx.Module):
             raise ModelConfigError(f"sequence of {t} tokens exceeds seq_len={self.cfg.seq_len}")
         b = self.blocks
         return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, b.remat,
-                       attention=b.attention, unroll=b.unroll)
+                       attention=b.attention, unroll=b.unroll, seq=sequence(self.cfg, tokens))
+
+
+def document_ids(tokens: jax.Array) -> jax.Array:
+    """Each token's document within its row, [B, T] int32: a document starts at <bos>."""
+    return jnp.cumsum(tokens == garden.BOS_ID, axis=-1, dtype=jnp.int32)
+
+
+def sequence(cfg: ModelConfig, tokens: jax.Array):
+    """The `seq` argument of `forward` for whole rows on one device: documents masked
+    (attention.Documents) if the model says so, else None (plain causal attention)."""
+    return attentionlib.Documents(document_ids(tokens)) if cfg.document_mask else None
 
 
 def forward(params: dict, tokens: jax.Array, remat: str = "none",
             tp_axis: str | None = None, *, attention: str = "einsum",
-            unroll: bool = False) -> jax.Array:
+            unroll: bool = False, seq=None) -> jax.Array:
     """The model as a pure function of its parameters (a nested dict): token ids -> logits.
 
     Three units run in turn: `embed` (token + position embeddings), the L blocks (`layers`:
@@ -214,24 +231,30 @@ def forward(params: dict, tokens: jax.Array, remat: str = "none",
     tied output projection logits = h @ E^T). `tp_axis`: the blocks run tensor parallel
     over that mesh axis (see `block`). ZeRO-3 runs the same units on gathered slices
     (jaxscale.parallel.zero.forward_gathered), a pipeline one stage's layers at a time.
+    `seq` says where the tokens sit and how attention sees them: None (whole rows, causal),
+    attention.Documents (whole rows, within documents) or parallel.context.Ring (this
+    device's share of the sequence; attention is a ring over the cp axis).
     """
-    x = layers(params["blocks"], embed(params, tokens), remat, tp_axis,
-               attention=attention, unroll=unroll)
+    x = layers(params["blocks"], embed(params, tokens, seq), remat, tp_axis,
+               attention=attention, unroll=unroll, seq=seq)
     return head(params, x)
 
 
-def embed(p, tokens):
-    """Token + learned position embeddings: [B, T] ids -> [B, T, d]."""
-    return p["tok_embed"][tokens] + p["pos_embed"][:tokens.shape[-1]]
+def embed(p, tokens, seq=None):
+    """Token + learned position embeddings: [B, T] ids -> [B, T, d] (the positions: `seq`'s,
+    else 0..T-1)."""
+    t = tokens.shape[-1]
+    pos = p["pos_embed"][:t] if seq is None else p["pos_embed"][seq.positions(t)]
+    return p["tok_embed"][tokens] + pos
 
 
 def layers(blocks, x, remat: str = "none", tp_axis: str | None = None, *,
-           attention: str = "einsum", unroll: bool = False):
+           attention: str = "einsum", unroll: bool = False, seq=None):
     """Run a stack of blocks (leading layers axis) over x with `lax.scan`: all of the
     model's layers, or one pipeline stage's share of them. `unroll` writes the L layers
     out one after another (scan's unroll=True: no loop left in the program)."""
     def layer(h, p):
-        return block(p, h, tp_axis, attention), None
+        return block(p, h, tp_axis, attention, seq), None
     if remat != "none":
         layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
     return jax.lax.scan(layer, x, blocks, unroll=True if unroll else 1)[0]
@@ -261,14 +284,15 @@ def _same(x):
     return x
 
 
-def attention(p, x, reduce=_same, kernel: str = "einsum"):
+def attention(p, x, reduce=_same, kernel: str = "einsum", seq=None):
     """Multi-head causal self-attention; heads are independent until the output projection.
     `reduce` sums the heads' partial outputs over devices when they are split (tensor
-    parallelism); the output bias is added once, after it. `kernel`: jaxscale.attention."""
+    parallelism); the output bias is added once, after it. `kernel`: jaxscale.attention;
+    `seq`: see `forward` (it brings its own attend)."""
     q = jnp.einsum("btd,dhk->bthk", x, p["wq"]) + p["bq"]
     k = jnp.einsum("btd,dhk->bthk", x, p["wk"]) + p["bk"]
     v = jnp.einsum("btd,dhk->bthk", x, p["wv"]) + p["bv"]
-    out = attentionlib.attend(q, k, v, kernel)
+    out = (attentionlib.attend if seq is None else seq.attend)(q, k, v, kernel)
     return reduce(jnp.einsum("bthk,hkd->btd", out, p["wo"])) + p["bo"]
 
 
@@ -286,7 +310,7 @@ def tp_operators(tp_axis: str | None):
             lambda y: jax.lax.psum(y, tp_axis))
 
 
-def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum"):
+def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum", seq=None):
     """One pre-LN transformer block: x + attn(LN(x)), then + mlp(LN(.)).
 
     With `tp_axis` (inside shard_map) `p` holds this device's share of the heads and of the
@@ -299,7 +323,7 @@ def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum"):
     """
     enter, reduce = tp_operators(tp_axis)
     h = enter(layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"]))
-    x = x + attention(p, h, reduce, attention_kernel)
+    x = x + attention(p, h, reduce, attention_kernel, seq)
     return x + mlp(p, enter(layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"])), reduce)
 
 

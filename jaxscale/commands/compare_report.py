@@ -63,11 +63,11 @@ def _device_process(result: dict) -> list[int] | None:
 def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, float]:
     """For each mesh axis, the share of ring hops along it (each device to the next in its
     group, the last back to the first) that join two processes; the plan's devices are the
-    first of `device_process`, laid out (dp, pp, tp) as `devices.make_mesh` does."""
+    first of `device_process`, laid out (dp, pp, cp, tp) as `devices.make_mesh` does."""
     import numpy as np
 
     from jaxscale.devices import MESH_AXES
-    sizes = [plan[a] for a in MESH_AXES]
+    sizes = [plan.get(a, 1) for a in MESH_AXES]
     n = int(np.prod(sizes))
     grid = np.asarray(device_process[:n]).reshape(sizes)
     out = {}

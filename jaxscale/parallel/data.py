@@ -43,7 +43,8 @@ def own_copy(params):
     return jax.tree.map(lambda p: lax.pcast(p, AXIS, to="varying"), params)
 
 
-def accumulated_value_and_grad(nll, micro_batches: int, per_micro, after, like, own=own_copy):
+def accumulated_value_and_grad(nll, micro_batches: int, per_micro, after, like, own=own_copy,
+                               batch_axes=AXIS):
     """The gradient function shared by plain DP and ZeRO, run inside shard_map.
 
     Each device differentiates `own(params)` (its own copy; ZeRO-3: its slices) on its
@@ -51,10 +52,11 @@ def accumulated_value_and_grad(nll, micro_batches: int, per_micro, after, like, 
     count. `per_micro` reduces every micro-batch's gradients as they come (identity, or
     ZeRO-2's reduce-scatter), `after` reduces their sum once per step (the all-reduce,
     ZeRO-1's reduce-scatter, or nothing); `like(params)` shapes the accumulator. Returns
-    (global loss, reduced gradients).
+    (global loss, reduced gradients). `batch_axes`: the mesh axes the batch's tokens are
+    split over (dp; with context parallelism dp and cp).
     """
     def grad_fn(params, batch, multiplier):
-        count = lax.psum(jnp.sum(batch["mask"]), AXIS)
+        count = lax.psum(jnp.sum(batch["mask"]), batch_axes)
         mine = own(params)
 
         def micro(acc, mb):
@@ -64,10 +66,10 @@ def accumulated_value_and_grad(nll, micro_batches: int, per_micro, after, like, 
             (_, s), g = jax.value_and_grad(f, has_aux=True)(mine)
             return jax.tree.map(jnp.add, acc, (s, per_micro(g))), None
 
-        zeros = (lax.pcast(jnp.float32(0), AXIS, to="varying"),
+        zeros = (lax.pcast(jnp.float32(0), batch_axes, to="varying"),
                  jax.tree.map(jnp.zeros_like, like(mine)))
         (loss, grads), _ = lax.scan(micro, zeros, _split_micro_batches(batch, micro_batches))
-        return lax.psum(loss, AXIS), after(grads)
+        return lax.psum(loss, batch_axes), after(grads)
     return grad_fn
 
 
@@ -110,14 +112,19 @@ class ShardedStep:
         return self.guarded(state, self.place_batch(batch), self.place_guard(guard))
 
 
-def shard_step(update, mesh, state_specs) -> tuple:
+def shard_step(update, mesh, state_specs, prepare=None, batch_spec=P(AXIS)) -> tuple:
     """(step, guarded step): `update` (precision.make_step, jit=False) in one shard_map over
     `mesh`, the state on `state_specs`, the batch's rows on dp, the guard's vector
-    replicated (ShardedStep.place_guard)."""
+    replicated (ShardedStep.place_guard). With `prepare`, the batch (every row placed on
+    dp, whole) is first rearranged by it under the same jit and split as `batch_spec` says
+    (context parallelism: tokens in ring order, split over dp and cp)."""
     def build(*in_specs):
-        return jax.jit(jax.shard_map(update, mesh=mesh, in_specs=in_specs,
-                                     out_specs=(state_specs, P())))
-    return build(state_specs, P(AXIS)), build(state_specs, P(AXIS), P())
+        mapped = jax.shard_map(update, mesh=mesh, in_specs=in_specs,
+                               out_specs=(state_specs, P()))
+        if prepare is None:
+            return jax.jit(mapped)
+        return jax.jit(lambda state, batch, *guard: mapped(state, prepare(batch), *guard))
+    return build(state_specs, batch_spec), build(state_specs, batch_spec, P())
 
 
 def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes,

@@ -1,4 +1,5 @@
-"""Tensor, pipeline and data parallelism together: one shard_map over the (dp, pp, tp) mesh.
+"""Tensor, pipeline, context and data parallelism together: one shard_map over the
+(dp, pp, cp, tp) mesh.
 
 Where each parameter lives follows from its logical axis names (jaxscale.model), by rules:
 
@@ -10,7 +11,10 @@ Where each parameter lives follows from its logical axis names (jaxscale.model),
 Inside the step: the blocks run tensor parallel over `tp` (two all-reduces per layer
 forward, two backward: jaxscale.model.block), the pipeline schedule runs over `pp`
 (jaxscale.parallel.pipeline) or, with pp = 1, micro-batches accumulate as in plain DP, and
-the gradients are all-reduced over `dp`. The optimizer updates each device's own shards;
+the gradients are all-reduced over `dp`. With cp > 1 every device holds T/cp of each
+row's tokens (jaxscale.parallel.context: the tokens in zig-zag order, attention a ring
+over `cp`); the parameters are replicated over cp, so their gradients are all-reduced
+over dp and cp together. The optimizer updates each device's own shards;
 it must be elementwise (as for ZeRO). With zero_stage=1 the optimizer state (and fp32
 master weights) is also split over `dp`, as in jaxscale.parallel.zero, on each device's
 own (tp- and pp-) shards: the dp all-reduce becomes a reduce-scatter, the update runs on
@@ -25,9 +29,10 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale import devices as devlib, model as modellib, precision
+from jaxscale.parallel import context
 from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel.data import (AXIS, ShardedStep, accumulated_value_and_grad,
-                                    shard_step)
+                                    own_copy, shard_step)
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
 from jaxscale.parallel.zero import ZeroLayout, check_elementwise
 
@@ -179,6 +184,11 @@ def check_divisible(cfg: modellib.ModelConfig, plan) -> None:
         fits = [k for k in range(1, cfg.n_layers + 1) if cfg.n_layers % (k * v) == 0]
         raise PlanError(f"pp x virtual = {plan.pp} x {v} must divide the {cfg.n_layers} layers; "
                         f"with virtual={v} choose pp from {fits}")
+    if plan.cp > 1:
+        try:
+            context.check_layout(cfg.seq_len, plan.cp)
+        except context.ContextError as e:
+            raise PlanError(str(e)) from None
 
 
 def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformation,
@@ -218,15 +228,25 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
                                           tp_axis=tp_axis, replicated_over_pp=shared,
                                           dp_reduce=reduce_dp)
     else:
+        batch_axes = (AXIS, context.AXIS) if plan.cp > 1 else AXIS
+
         def nll(prm, mb):
             from jaxscale.loss import logits_nll_and_count
+            seq = (context.sequence(mb, plan.cp) if plan.cp > 1
+                   else modellib.sequence(model_cfg, mb["tokens"]))
             return logits_nll_and_count(modellib.forward(
                 prm, mb["tokens"], plan.remat, tp_axis=tp_axis, attention=plan.attention,
-                unroll=plan.unroll), mb)
+                unroll=plan.unroll, seq=seq), mb)
+
+        def reduce(g):  # cp's copies first (all-reduce), then dp's (all-reduce or scatter)
+            if plan.cp > 1:
+                g = jax.tree.map(lambda x: lax.psum(x, context.AXIS), g)
+            return (reduce_dp(g) if reduce_dp else jax.tree.map(lambda x: lax.psum(x, AXIS), g))
         grad_fn = accumulated_value_and_grad(
-            nll, plan.micro_batches, per_micro=lambda g: g,
-            after=reduce_dp or (lambda g: jax.tree.map(lambda x: lax.psum(x, AXIS), g)),
-            like=lambda t: t)
+            nll, plan.micro_batches, per_micro=lambda g: g, after=reduce, like=lambda t: t,
+            own=(lambda p: jax.tree.map(lambda x: vary(x, batch_axes), p)) if plan.cp > 1
+            else own_copy,
+            batch_axes=batch_axes)
     update = precision.make_step(graphdef, optimizer, pol, jit=False, layout=layout,
                                  grad_fn=grad_fn)
     state_specs = precision.TrainState(
@@ -247,7 +267,12 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
             lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec))
         return make(placed)
 
-    compiled, guarded = shard_step(update, mesh, state_specs)
+    if plan.cp > 1:  # whole rows arrive on dp; the ring wants them reordered and split
+        compiled, guarded = shard_step(
+            update, mesh, state_specs, batch_spec=P(AXIS, context.AXIS),
+            prepare=lambda b: context.prepare(b, plan.cp, document_mask=model_cfg.document_mask))
+    else:
+        compiled, guarded = shard_step(update, mesh, state_specs)
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
     return init, ShardedStep(mesh, compiled,
                              jax.jit(lambda state: arrange(state.params, inverse)),

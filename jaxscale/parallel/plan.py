@@ -6,11 +6,12 @@
 
     Plan(dp=8, zero_stage=3)              ZeRO-3 over the 8 data-parallel devices
     Plan(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=1)   3-D
+    Plan(dp=2, cp=2, tp=2)                ... the sequence split over cp (ring attention)
 
 Every field is validated before anything compiles. `build_train_step(model_cfg, plan,
 optimizer)` returns (init, step); the training loop never branches on the strategy. Tensor
 and pipeline parallelism, ZeRO and recomputation are fields of the same Plan: data.py,
-zero.py and hybrid.py (tensor + pipeline.py) build their steps.
+zero.py and hybrid.py (tensor + pipeline.py + context.py) build their steps.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class Plan:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1  # context parallel: the sequence split over cp devices (ring attention)
     zero_stage: int = 0
     micro_batches: int = 1
     schedule: str = "1f1b"
@@ -47,21 +49,21 @@ class Plan:
 
     @property
     def n_devices(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def mesh_shape(self) -> devlib.MeshShape:
-        return devlib.MeshShape(dp=self.dp, pp=self.pp, tp=self.tp)
+        return devlib.MeshShape(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp)
 
     @classmethod
     def from_mesh(cls, spec: str, **fields) -> "Plan":
         """A Plan whose axis sizes come from a mesh spec such as "dp=8"."""
         shape = devlib.parse_mesh_spec(spec)
-        return cls(dp=shape.dp, tp=shape.tp, pp=shape.pp, **fields)
+        return cls(dp=shape.dp, tp=shape.tp, pp=shape.pp, cp=shape.cp, **fields)
 
     def validate(self, global_batch: int | None = None, n_devices: int | None = None) -> "Plan":
         """Raise PlanError naming the bad value and what would fit; return self if fine."""
-        for name in ("dp", "tp", "pp", "micro_batches", "virtual"):
+        for name in ("dp", "tp", "pp", "cp", "micro_batches", "virtual"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise PlanError(f"{name} must be a positive integer, got {v!r}")
@@ -100,9 +102,13 @@ class Plan:
                 sched.check_sizes(self.schedule, self.pp, self.micro_batches, self.virtual)
             except sched.ScheduleError as e:
                 raise PlanError(str(e)) from None
-        if self.zero_stage > 1 and (self.tp > 1 or self.pp > 1):
+        if self.zero_stage > 1 and (self.tp > 1 or self.pp > 1 or self.cp > 1):
             raise PlanError(f"ZeRO stage {self.zero_stage} shards over dp in a dp-only mesh; "
-                            f"with tp={self.tp}, pp={self.pp} only zero_stage=1 is available")
+                            f"with tp={self.tp}, pp={self.pp}, cp={self.cp} only zero_stage=1 "
+                            "is available")
+        if self.cp > 1 and self.pp > 1:
+            raise PlanError(f"context parallelism (cp={self.cp}) runs with dp and tp, not yet "
+                            f"inside a pipeline (pp={self.pp}); use pp=1")
         return self
 
     def as_dict(self) -> dict:
@@ -172,7 +178,7 @@ def elastic_micro_batches(saved: Plan, plan: Plan, global_batch: int) -> int:
 
 
 # The keys of a written-out layout (Plan.parse) and the Plan field each sets.
-LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "zero": "zero_stage",
+LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "zero": "zero_stage",
                "micro_batches": "micro_batches", "schedule": "schedule", "virtual": "virtual",
                "remat": "remat", "precision": "precision", "attention": "attention",
                "unroll": "unroll"}
@@ -184,7 +190,7 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
 
     Plan() runs on one device; every other plan runs in one shard_map over a mesh of
     `devices` (default: the first plan.n_devices of jax.devices()): data parallel (data.py),
-    ZeRO (zero.py), or with tp / pp (hybrid.py).
+    ZeRO (zero.py), or with tp / pp / cp (hybrid.py).
     """
     plan.validate()
     import jax
@@ -198,7 +204,11 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     pol = precision.policy(plan.precision)
     abstract = modellib.abstract(model_cfg)
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    if plan.tp > 1 or plan.pp > 1:
+    if model_cfg.document_mask and (plan.attention == "cudnn" or
+                                    (plan.zero_stage == 3 or plan.pp > 1)):
+        raise PlanError(f"the model masks attention to documents, which {plan.layout()} does "
+                        "not yet: use attention einsum or xla, and no pipeline or ZeRO-3")
+    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:
         from jaxscale.parallel.hybrid import build_hybrid
         return build_hybrid(model_cfg, graphdef, plan, optimizer, pol, shapes,
                             modellib.logical_axes(abstract), devices)
