@@ -77,11 +77,15 @@ def recompute_flops_per_token(cfg: ModelConfig, remat: str, seq_len: int | None 
                recomputed): 2 N_blocks + 4 L s d attention. The head is not checkpointed.
       matmuls  0 matmul FLOPs: the dot outputs are kept (dots_saveable); only elementwise
                work (LayerNorm, GELU, softmax) is recomputed, and that is never counted.
+      selective  the attention core again (q k^T and softmax(.) v, the batched matmuls
+               that dots_with_no_batch_dims_saveable drops): 4 L s d.
     """
     check_compute(remat)
+    s = cfg.seq_len if seq_len is None else seq_len
+    if remat == "selective":
+        return 4 * cfg.n_layers * s * cfg.d_model
     if remat != "full":
         return 0
-    s = cfg.seq_len if seq_len is None else seq_len
     return 2 * block_matmul_params(cfg) + 4 * cfg.n_layers * s * cfg.d_model
 
 

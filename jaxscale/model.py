@@ -146,8 +146,13 @@ class LayerNorm(nnx.Module):
 # block the forward pass keeps for backward. "full" keeps only each block's input and
 # recomputes the block during backward (one extra forward: about +1/3 compute); "matmuls"
 # keeps the matrix-multiply outputs and recomputes the cheap elementwise work.
+# "selective" (Korthikanti et al. 2022) keeps the projections' outputs and recomputes the
+# attention core, whose T x T scores and softmax are most of a block's activations and
+# few of its FLOPs: it saves the matmuls without batch dimensions (x @ W) and not the
+# batched ones (q k^T, softmax(.) v).
 REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
-                  "matmuls": jax.checkpoint_policies.dots_saveable}
+                  "matmuls": jax.checkpoint_policies.dots_saveable,
+                  "selective": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 def check_compute(remat: str = "none", attention: str = "einsum") -> None:
@@ -301,11 +306,14 @@ def mlp(p, x, reduce=_same):
     return reduce(jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"]) + p["b2"]
 
 
-def tp_operators(tp_axis: str | None):
+def tp_operators(tp_axis: str | None, sequence_parallel: bool = False):
     """(enter, reduce) joining tensor-parallel shares over `tp_axis` (see `block`); both the
     identity without an axis."""
     if tp_axis is None:
         return _same, _same
+    if sequence_parallel:  # activations [B, T/tp, d] outside the sub-layers, [B, T, d] in
+        return (lambda h: jax.lax.all_gather(h, tp_axis, axis=1, tiled=True),
+                lambda y: jax.lax.psum_scatter(y, tp_axis, scatter_dimension=1, tiled=True))
     return (lambda h: jax.lax.pcast(h, tp_axis, to="varying"),
             lambda y: jax.lax.psum(y, tp_axis))
 
@@ -320,8 +328,15 @@ def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum", se
               transpose is psum; once per sub-layer, not once per matmul.
       reduce  psum forward: the all-reduce of the partial outputs.
     Two all-reduces per layer forward (attention, MLP) and two backward.
+
+    Sequence parallelism (Korthikanti et al. 2022; `seq.sequence_parallel`): x holds this
+    device's T/tp of the sequence, so the LayerNorms, residual adds and dropout-free
+    elementwise work between sub-layers are split too, not repeated tp times. Each
+    all-reduce becomes its two halves: enter = all-gather of the sequence (backward: a
+    reduce-scatter), reduce = reduce-scatter of the partial outputs (backward: an
+    all-gather). The same bytes as the all-reduce; activations between sub-layers 1/tp.
     """
-    enter, reduce = tp_operators(tp_axis)
+    enter, reduce = tp_operators(tp_axis, getattr(seq, "sequence_parallel", False))
     h = enter(layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"]))
     x = x + attention(p, h, reduce, attention_kernel, seq)
     return x + mlp(p, enter(layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"])), reduce)

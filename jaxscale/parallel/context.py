@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxscale import attention as attentionlib
+
 AXIS = "cp"
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -83,23 +85,33 @@ def to_device_order(batch: dict, cp: int, layout: str) -> dict:
     return {k: np.take(np.asarray(v), order, axis=1) for k, v in batch.items()}
 
 
-class Ring:
-    """What the model needs inside shard_map to run on one device's share of the sequence:
-    the global positions of its tokens (for the position embeddings) and `attend`, ring
-    attention over the `cp` axis. `segments`: every token's document id, all devices'
-    shares in device order ([B, T], gathered once per step), or None (no document mask)."""
+class SequenceShard:
+    """What the model needs inside shard_map to run on one device's share of every row
+    (its `seq` argument): the global positions of its tokens (for the position
+    embeddings) and `attend`. The sequence is split over `cp` (ring attention) and, with
+    sequence parallelism, each cp share again over `tp` between the sub-layers (attention
+    sees the cp share whole: jaxscale.model.block gathers it). `segments`: every token's
+    document id, all devices' shares in device order ([B, T], gathered once per step), or
+    None (no document mask)."""
 
-    def __init__(self, seq_len: int, cp: int, layout: str = "zigzag", segments=None,
-                 axis: str = AXIS):
-        self.cp, self.layout, self.axis, self.segments = cp, layout, axis, segments
-        self.table = sequence_order(seq_len, cp, layout).reshape(cp, -1)  # [cp, t]
+    def __init__(self, seq_len: int, cp: int = 1, layout: str = "zigzag", segments=None,
+                 sp: int = 1, axis: str = AXIS, sp_axis: str = "tp"):
+        self.cp, self.sp, self.layout, self.segments = cp, sp, layout, segments
+        self.axis, self.sp_axis = axis, sp_axis
+        self.sequence_parallel = sp > 1
+        self.table = sequence_order(seq_len, cp, layout).reshape(cp, -1)  # [cp, T/cp]
 
     def positions(self, t: int) -> jax.Array:
-        assert t == self.table.shape[1], (t, self.table.shape)
-        return jnp.asarray(self.table)[lax.axis_index(self.axis)]
+        share = jnp.asarray(self.table)[lax.axis_index(self.axis) if self.cp > 1 else 0]
+        if self.sp > 1:
+            share = share.reshape(self.sp, -1)[lax.axis_index(self.sp_axis)]
+        assert share.shape == (t,), (share.shape, t)
+        return share
 
     def attend(self, q, k, v, kernel: str = "einsum"):
-        del kernel  # the ring is its own kernel: the blocks are einsums
+        if self.cp == 1:  # whole rows (sequence parallel gathered them): any kernel
+            return attentionlib.attend(q, k, v, kernel, self.segments)
+        # the ring is its own kernel: its blocks are einsums
         return ring_attention(q, k, v, self.table, self.segments, self.axis, self.layout)[0]
 
 
@@ -220,14 +232,19 @@ def prepare(batch: dict, cp: int, layout: str = "zigzag", document_mask: bool = 
     from jaxscale.model import document_ids
     if document_mask:
         batch = {**batch, "segments": document_ids(batch["tokens"])}
+    if cp == 1:
+        return batch
     order = jnp.asarray(sequence_order(batch["tokens"].shape[1], cp, layout))
     return {k: jnp.take(v, order, axis=1) for k, v in batch.items()}
 
 
-def sequence(batch: dict, cp: int, layout: str = "zigzag", axis: str = AXIS) -> Ring:
+def sequence(batch: dict, cp: int, layout: str = "zigzag", sp: int = 1, axis: str = AXIS,
+             sp_axis: str = "tp") -> SequenceShard:
     """The model's `seq` for this device's share of a prepared batch (inside shard_map):
     the document ids of every device's tokens are gathered once, for the masks."""
+    axes = tuple(a for a, n in ((axis, cp), (sp_axis, sp)) if n > 1)
     segments = batch.get("segments")
     if segments is not None:  # [B, t] -> [B, T] in device order: int32, T per row
-        segments = lax.all_gather(segments, axis, axis=1, tiled=True)
-    return Ring(batch["tokens"].shape[1] * cp, cp, layout, segments, axis)
+        segments = lax.all_gather(segments, axes, axis=1, tiled=True)
+    return SequenceShard(batch["tokens"].shape[1] * cp * sp, cp, layout, segments, sp, axis,
+                         sp_axis)

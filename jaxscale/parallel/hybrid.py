@@ -189,6 +189,11 @@ def check_divisible(cfg: modellib.ModelConfig, plan) -> None:
             context.check_layout(cfg.seq_len, plan.cp)
         except context.ContextError as e:
             raise PlanError(str(e)) from None
+    if plan.sequence_parallel and (cfg.seq_len // plan.cp) % plan.tp:
+        raise PlanError(f"sequence parallelism splits each device's {cfg.seq_len // plan.cp} "
+                        f"tokens (seq_len {cfg.seq_len} / cp {plan.cp}) over tp={plan.tp}, "
+                        "which does not divide them; choose tp dividing "
+                        f"{cfg.seq_len // plan.cp}")
 
 
 def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformation,
@@ -228,11 +233,15 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
                                           tp_axis=tp_axis, replicated_over_pp=shared,
                                           dp_reduce=reduce_dp)
     else:
-        batch_axes = (AXIS, context.AXIS) if plan.cp > 1 else AXIS
+        # the axes that split the sequence: cp (a ring), tp when sequence parallel
+        seq_axes = tuple(a for a, on in ((context.AXIS, plan.cp > 1),
+                                         ("tp", plan.sequence_parallel)) if on)
+        batch_axes = (AXIS, *seq_axes)
+        sp = plan.tp if plan.sequence_parallel else 1
 
         def nll(prm, mb):
             from jaxscale.loss import logits_nll_and_count
-            seq = (context.sequence(mb, plan.cp) if plan.cp > 1
+            seq = (context.sequence(mb, plan.cp, sp=sp) if seq_axes
                    else modellib.sequence(model_cfg, mb["tokens"]))
             return logits_nll_and_count(modellib.forward(
                 prm, mb["tokens"], plan.remat, tp_axis=tp_axis, attention=plan.attention,
@@ -244,8 +253,10 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
             return (reduce_dp(g) if reduce_dp else jax.tree.map(lambda x: lax.psum(x, AXIS), g))
         grad_fn = accumulated_value_and_grad(
             nll, plan.micro_batches, per_micro=lambda g: g, after=reduce, like=lambda t: t,
-            own=(lambda p: jax.tree.map(lambda x: vary(x, batch_axes), p)) if plan.cp > 1
-            else own_copy,
+            # each device differentiates its own copy over dp and cp; over tp, autodiff sums
+            # the gradients of the parameters tp does not split (shard_map's check_vma)
+            own=(lambda p: jax.tree.map(lambda x: vary(x, (AXIS, context.AXIS)), p))
+            if plan.cp > 1 else own_copy,
             batch_axes=batch_axes)
     update = precision.make_step(graphdef, optimizer, pol, jit=False, layout=layout,
                                  grad_fn=grad_fn)
@@ -267,9 +278,9 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
             lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec))
         return make(placed)
 
-    if plan.cp > 1:  # whole rows arrive on dp; the ring wants them reordered and split
+    if plan.pp == 1 and seq_axes:  # whole rows arrive on dp: reordered for the ring, split
         compiled, guarded = shard_step(
-            update, mesh, state_specs, batch_spec=P(AXIS, context.AXIS),
+            update, mesh, state_specs, batch_spec=P(AXIS, seq_axes),
             prepare=lambda b: context.prepare(b, plan.cp, document_mask=model_cfg.document_mask))
     else:
         compiled, guarded = shard_step(update, mesh, state_specs)

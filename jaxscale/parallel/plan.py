@@ -38,6 +38,7 @@ class Plan:
     tp: int = 1
     pp: int = 1
     cp: int = 1  # context parallel: the sequence split over cp devices (ring attention)
+    sequence_parallel: bool = False  # Megatron SP: LayerNorm/residual regions split over tp
     zero_stage: int = 0
     micro_batches: int = 1
     schedule: str = "1f1b"
@@ -83,8 +84,15 @@ class Plan:
                                    compute_dtype=precision.policy(self.precision).compute_dtype)
         except attention.KernelError as e:
             raise PlanError(f"{e} (precision {self.precision})") from None
-        if not isinstance(self.unroll, bool):
-            raise PlanError(f"unroll must be True or False, got {self.unroll!r}")
+        for name in ("unroll", "sequence_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise PlanError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.sequence_parallel and self.tp < 2:
+            raise PlanError(f"sequence parallelism splits the sequence over the tensor-parallel "
+                            f"group, but tp={self.tp}; use tp >= 2 (e.g. --mesh dp=2,tp=2)")
+        if self.sequence_parallel and self.pp > 1:
+            raise PlanError(f"sequence parallelism runs with dp, tp and cp, not yet inside a "
+                            f"pipeline (pp={self.pp}); use pp=1")
         if self.zero_stage and self.dp < 2:
             raise PlanError(f"ZeRO needs dp > 1 to shard over, got dp={self.dp} with "
                             f"zero_stage={self.zero_stage}; use e.g. --mesh dp=8")
@@ -132,9 +140,9 @@ class Plan:
                 raise PlanError(f"{key!r} given twice in layout {layout!r}")
             if field in ("schedule", "remat", "precision", "attention"):
                 fields[field] = value
-            elif field == "unroll":
+            elif field in ("unroll", "sequence_parallel"):
                 if value not in ("0", "1"):
-                    raise PlanError(f"unroll must be 0 or 1, got {value!r} in {layout!r}")
+                    raise PlanError(f"{key} must be 0 or 1, got {value!r} in {layout!r}")
                 fields[field] = value == "1"
             elif value.isdigit():
                 fields[field] = int(value)
@@ -181,7 +189,7 @@ def elastic_micro_batches(saved: Plan, plan: Plan, global_batch: int) -> int:
 LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "zero": "zero_stage",
                "micro_batches": "micro_batches", "schedule": "schedule", "virtual": "virtual",
                "remat": "remat", "precision": "precision", "attention": "attention",
-               "unroll": "unroll"}
+               "unroll": "unroll", "sp": "sequence_parallel"}
 
 
 def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
@@ -208,7 +216,7 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
                                     (plan.zero_stage == 3 or plan.pp > 1)):
         raise PlanError(f"the model masks attention to documents, which {plan.layout()} does "
                         "not yet: use attention einsum or xla, and no pipeline or ZeRO-3")
-    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:
+    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:  # (sequence parallel needs tp > 1)
         from jaxscale.parallel.hybrid import build_hybrid
         return build_hybrid(model_cfg, graphdef, plan, optimizer, pol, shapes,
                             modellib.logical_axes(abstract), devices)
