@@ -63,8 +63,8 @@ def map_state(state: precision.TrainState, optimizer: optax.GradientTransformati
 
 
 # The order of the mesh axes that split a canonical tensor: pp first, so that the blocks'
-# layers axis divides into the pipeline stages' contiguous shares, then tp, dp innermost.
-CANONICAL_AXES = ("pp", "tp", "dp")
+# layers axis divides into the pipeline stages' contiguous shares, then tp, cp, dp innermost.
+CANONICAL_AXES = ("pp", "tp", "cp", "dp")
 
 
 def canonical_sharding(shape, mesh) -> NamedSharding | jax.sharding.Sharding:

@@ -30,11 +30,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale import devices as devlib, model as modellib, precision
 from jaxscale.parallel import context
-from jaxscale.parallel.canonical import Canonical
+from jaxscale.parallel.canonical import Canonical, param_infos
 from jaxscale.parallel.data import (AXIS, ShardedStep, accumulated_value_and_grad,
                                     own_copy, shard_step)
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
-from jaxscale.parallel.zero import ZeroLayout, check_elementwise
+from jaxscale.parallel.zero import ZeroLayout, check_elementwise, forward_gathered
 
 RULES = {"heads": "tp", "mlp": "tp", "layers": "pp"}
 
@@ -109,18 +109,30 @@ class MeshLayout(HybridCanonical, precision.Replicated):
 
 
 class ZeroMeshLayout(HybridCanonical, ZeroLayout):
-    """ZeRO-1 over dp on each device's tp/pp shards (`shapes`: the LOCAL shard shapes).
+    """ZeRO over dp on each device's tp/pp shards (`shapes`: the LOCAL shard shapes): the
+    2-D FSDP x TP layout.
 
-    The optimizer's copy of a tensor is, on each device, a dp slice of its own tp/pp shard
-    flattened and padded. The canonical conversion undoes that on each device's shard:
+    The optimizer's copy of a tensor (stage 3: the parameters too) is, on each device, a
+    dp slice of its own tp/pp shard flattened and padded. The canonical conversion undoes that on each device's shard:
     gather the dp slices, drop the padding, reshape (and the reverse on restore); what is
     left is a whole tensor sharded as the plan shards the parameters.
     """
 
-    def __init__(self, local_shapes, dp: int, specs, axes, order, mesh):
-        ZeroLayout.__init__(self, local_shapes, dp, stage=1)
+    def __init__(self, local_shapes, dp: int, specs, axes, order, mesh, stage: int = 1):
+        ZeroLayout.__init__(self, local_shapes, dp, stage)
         HybridCanonical.__init__(self, order)
         self.specs, self.axes, self.mesh = specs, axes, mesh
+
+    def params_to_canonical(self, x, info):  # stage 3 stores the parameters as slices too
+        return self.copy_to_canonical(x, info) if self.stage == 3 else \
+            HybridCanonical.params_to_canonical(self, x, info)
+
+    def params_from_canonical(self, x, info):
+        return self.copy_from_canonical(x, info) if self.stage == 3 else \
+            HybridCanonical.params_from_canonical(self, x, info)
+
+    def full_params(self, params):  # (ShardedStep.full_params converts leaf by leaf)
+        raise NotImplementedError
 
     def _local_shape(self, info):
         spec = info.spec + (None,) * (len(info.shape) - len(info.spec))
@@ -134,7 +146,7 @@ class ZeroMeshLayout(HybridCanonical, ZeroLayout):
             return self.whole(flat, shape)
         x = jax.shard_map(shard, mesh=self.mesh, in_specs=_flat_spec(P(*info.spec), info.stacked),
                           out_specs=P(*info.spec))(f)
-        return self.params_to_canonical(x, info)
+        return HybridCanonical.params_to_canonical(self, x, info)
 
     def copy_from_canonical(self, x, info):
         def shard(w):  # my whole shard -> my dp slice of its flat copy
@@ -143,7 +155,7 @@ class ZeroMeshLayout(HybridCanonical, ZeroLayout):
             return lax.dynamic_slice_in_dim(flat, lax.axis_index(AXIS) * c, c, axis=-1)
         return jax.shard_map(shard, mesh=self.mesh, in_specs=P(*info.spec),
                              out_specs=_flat_spec(P(*info.spec), info.stacked))(
-            self.params_from_canonical(x, info))
+            HybridCanonical.params_from_canonical(self, x, info))
 
     def all_finite(self, flag):
         axes = (AXIS, *self.axes)
@@ -206,7 +218,6 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
     tp_axis = "tp" if plan.tp > 1 else None
     v = plan.virtual
     order = layer_order(model_cfg.n_layers, plan.pp, v)
-    inverse = [order.index(i) for i in range(len(order))]
 
     def arrange(tree, perm=order):
         return {**tree, "blocks": jax.tree.map(lambda x: x[jnp.asarray(perm)], tree["blocks"])}
@@ -217,7 +228,7 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
                       who="tensor/pipeline parallelism")
     if plan.zero_stage:
         layout = ZeroMeshLayout(_local_shapes(shapes, specs, plan), plan.dp, specs, axes,
-                                order, mesh)
+                                order, mesh, plan.zero_stage)
         reduce_dp = lambda g: jax.tree.map(  # noqa: E731  the reduce-scatter to my slice
             lambda f: lax.psum_scatter(f, AXIS, scatter_dimension=f.ndim - 1, tiled=True),
             layout.flatten(g))
@@ -225,50 +236,68 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
             lambda path, sp: _flat_spec(sp, getattr(path[0], "key", None) == "blocks"),
             specs, is_leaf=is_spec)
     else:
-        layout, reduce_dp, flat_specs = MeshLayout(specs, axes, order), None, specs
+        layout, flat_specs = MeshLayout(specs, axes, order), specs
+        reduce_dp = lambda g: jax.tree.map(lambda x: lax.psum(x, AXIS), g)  # noqa: E731
+    identity = lambda tree: tree  # noqa: E731
+    # stage 2 reduce-scatters every micro-batch's gradients (or, in a pipeline, every
+    # backward tick's) as they come; stage 3's arrive scattered (the gathers' transposes)
+    per_micro = reduce_dp if plan.zero_stage == 2 else identity
+    after = identity if plan.zero_stage in (2, 3) else reduce_dp
     if plan.pp > 1:
         shared = jax.tree.map(lambda s: "pp" not in s, specs, is_leaf=is_spec)
         grad_fn = pipeline_value_and_grad(plan, tick_table(plan.schedule, plan.pp,
                                                            plan.micro_batches, v),
                                           tp_axis=tp_axis, replicated_over_pp=shared,
-                                          dp_reduce=reduce_dp)
+                                          dp_reduce=after, per_tick=per_micro,
+                                          like=layout.owned if plan.zero_stage == 2 else None)
+        seq_axes = ()
     else:
         # the axes that split the sequence: cp (a ring), tp when sequence parallel
         seq_axes = tuple(a for a, on in ((context.AXIS, plan.cp > 1),
                                          ("tp", plan.sequence_parallel)) if on)
-        batch_axes = (AXIS, *seq_axes)
         sp = plan.tp if plan.sequence_parallel else 1
+
+        def sequence(mb):
+            return (context.sequence(mb, plan.cp, sp=sp) if seq_axes
+                    else modellib.sequence(model_cfg, mb["tokens"]))
 
         def nll(prm, mb):
             from jaxscale.loss import logits_nll_and_count
-            seq = (context.sequence(mb, plan.cp, sp=sp) if seq_axes
-                   else modellib.sequence(model_cfg, mb["tokens"]))
-            return logits_nll_and_count(modellib.forward(
-                prm, mb["tokens"], plan.remat, tp_axis=tp_axis, attention=plan.attention,
-                unroll=plan.unroll, seq=seq), mb)
+            if plan.zero_stage == 3:  # prm: my dp slices of my tp shards, gathered per unit
+                logits = forward_gathered(prm, mb["tokens"], plan.remat, layout.fetch,
+                                          plan.attention, plan.unroll, tp_axis, sequence(mb))
+            else:
+                logits = modellib.forward(prm, mb["tokens"], plan.remat, tp_axis=tp_axis,
+                                          attention=plan.attention, unroll=plan.unroll,
+                                          seq=sequence(mb))
+            return logits_nll_and_count(logits, mb)
 
-        def reduce(g):  # cp's copies first (all-reduce), then dp's (all-reduce or scatter)
-            if plan.cp > 1:
-                g = jax.tree.map(lambda x: lax.psum(x, context.AXIS), g)
-            return (reduce_dp(g) if reduce_dp else jax.tree.map(lambda x: lax.psum(x, AXIS), g))
+        def over_cp(g):  # the cp devices' shares of one copy's gradients, after dp's
+            return jax.tree.map(lambda x: lax.psum(x, context.AXIS), g) if plan.cp > 1 else g
+
+        # each device differentiates its own copy over dp and cp (ZeRO-3: its slices are
+        # its own already); over tp, autodiff sums the gradients of the parameters tp does
+        # not split (shard_map's check_vma)
+        mine = ((context.AXIS,) if plan.cp > 1 else ()) if plan.zero_stage == 3 else \
+            (AXIS, context.AXIS) if plan.cp > 1 else (AXIS,)
         grad_fn = accumulated_value_and_grad(
-            nll, plan.micro_batches, per_micro=lambda g: g, after=reduce, like=lambda t: t,
-            # each device differentiates its own copy over dp and cp; over tp, autodiff sums
-            # the gradients of the parameters tp does not split (shard_map's check_vma)
-            own=(lambda p: jax.tree.map(lambda x: vary(x, (AXIS, context.AXIS)), p))
-            if plan.cp > 1 else own_copy,
-            batch_axes=batch_axes)
+            nll, plan.micro_batches, per_micro=per_micro, after=lambda g: over_cp(after(g)),
+            like=layout.owned if plan.zero_stage == 2 else identity,
+            own=lambda p: jax.tree.map(lambda x: vary(x, mine), p) if mine else p,
+            batch_axes=(AXIS, *seq_axes))
     update = precision.make_step(graphdef, optimizer, pol, jit=False, layout=layout,
                                  grad_fn=grad_fn)
     state_specs = precision.TrainState(
-        specs, None if not pol.master_weights else flat_specs,
+        flat_specs if plan.zero_stage == 3 else specs,
+        None if not pol.master_weights else flat_specs,
         optax.tree_map_params(optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, shapes),
                               flat_specs, transform_non_params=lambda _: P(), is_leaf=is_spec),
         P(), P(), P())
 
     def local_state(params):  # on each device's own shards (ZeRO: its dp slice of them)
-        arranged = layout.target if plan.zero_stage else None
-        return precision.init_state(params, optimizer, pol, arrange=arranged)
+        return precision.init_state(params, optimizer, pol,
+                                    arrange=layout.owned if plan.zero_stage else None,
+                                    arrange_params=plan.zero_stage == 3)
 
     make = jax.jit(jax.shard_map(local_state, mesh=mesh, in_specs=(specs,),
                                  out_specs=state_specs))
@@ -278,14 +307,16 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
             lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec))
         return make(placed)
 
-    if plan.pp == 1 and seq_axes:  # whole rows arrive on dp: reordered for the ring, split
+    if seq_axes:  # whole rows arrive on dp: reordered for the ring, split
         compiled, guarded = shard_step(
             update, mesh, state_specs, batch_spec=P(AXIS, seq_axes),
             prepare=lambda b: context.prepare(b, plan.cp, document_mask=model_cfg.document_mask))
     else:
         compiled, guarded = shard_step(update, mesh, state_specs)
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
-    return init, ShardedStep(mesh, compiled,
-                             jax.jit(lambda state: arrange(state.params, inverse)),
+    infos = param_infos(shapes, specs)
+    return init, ShardedStep(mesh, compiled,  # whole parameters in the model's layer order
+                             jax.jit(lambda state: jax.tree.map(layout.params_to_canonical,
+                                                                state.params, infos)),
                              Canonical(layout, optimizer, pol, shapes, mesh, shardings, specs),
                              guarded)

@@ -130,14 +130,20 @@ def _zeros_like(x):
 
 
 def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp",
-                            tp_axis=None, replicated_over_pp, dp_reduce=None):
+                            tp_axis=None, replicated_over_pp, dp_reduce=None, per_tick=None,
+                            like=None):
     """grad_fn for precision.make_step running the pipeline (see the module docstring).
 
     `params` arrive with the blocks' layer axis split over pp (this device's v chunks, in
     order) and everything else whole. Returns (global loss, gradients summed over dp, and
     over pp for the parameters every stage holds: embeddings and the final LayerNorm).
-    `dp_reduce(grads)` replaces the dp all-reduce (ZeRO-1: a reduce-scatter to slices).
+    `dp_reduce(grads)` replaces the dp all-reduce (ZeRO-1: a reduce-scatter to slices;
+    ZeRO-2: nothing, as `per_tick` reduce-scatters each backward tick's gradients at once
+    and the accumulator holds only this device's slices, shaped `like(params)`: the dp
+    replicas of a stage run the same ticks, so they meet in the same branch).
     """
+    per_tick = per_tick or (lambda g: g)
+    like = like or (lambda t: t)
     p, m, v = plan.pp, plan.micro_batches, plan.virtual
 
     def grad_fn(params, batch, multiplier):
@@ -181,7 +187,7 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
                 (_, loss_j), vjp = jax.vjp(lambda prm, h: stage_fn(prm, h, mb, chunk), mine, x)
                 d_params, dx = vjp((dy, vary(ct.astype(loss_j.dtype),
                                              tuple(sorted(varying_axes(loss_j))))))
-                return _zeros_like(x), dx, d_params, _zeros_like(loss)
+                return _zeros_like(x), dx, per_tick(d_params), _zeros_like(loss)
 
             y, dx, d_params, loss_j = lax.switch(kind, [idle, forward, backward])
             ring = [(i, (i + 1) % p) for i in range(p)]
@@ -196,7 +202,8 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
         act = vary(jnp.zeros((b, t, d), params["tok_embed"].dtype), (dp_axis, pp_axis))
         carry = (jnp.zeros((table.slots, *act.shape), act.dtype) + act,
                  jnp.zeros((table.gslots, *act.shape), act.dtype) + act,
-                 jax.tree.map(_zeros_like, mine), _zeros_like(act.sum()).astype(jnp.float32))
+                 jax.tree.map(_zeros_like, like(mine)),
+                 _zeros_like(act.sum()).astype(jnp.float32))
         rows = tuple(jnp.asarray(a) for a in (table.kind, table.micro, table.chunk, table.slot,
                                              table.gslot, table.recv, table.grecv))
         (_, _, grads, loss), _ = lax.scan(tick, carry, rows)

@@ -110,10 +110,10 @@ class Plan:
                 sched.check_sizes(self.schedule, self.pp, self.micro_batches, self.virtual)
             except sched.ScheduleError as e:
                 raise PlanError(str(e)) from None
-        if self.zero_stage > 1 and (self.tp > 1 or self.pp > 1 or self.cp > 1):
-            raise PlanError(f"ZeRO stage {self.zero_stage} shards over dp in a dp-only mesh; "
-                            f"with tp={self.tp}, pp={self.pp}, cp={self.cp} only zero_stage=1 "
-                            "is available")
+        if self.zero_stage == 3 and self.pp > 1:
+            raise PlanError(f"ZeRO-3 gathers each unit's parameters as it runs, which a "
+                            f"pipeline stage (pp={self.pp}) does not do yet; with pp use "
+                            "zero_stage 1 or 2")
         if self.cp > 1 and self.pp > 1:
             raise PlanError(f"context parallelism (cp={self.cp}) runs with dp and tp, not yet "
                             f"inside a pipeline (pp={self.pp}); use pp=1")

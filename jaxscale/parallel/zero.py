@@ -124,6 +124,10 @@ class ZeroLayout(precision.Replicated):
     def target(self, params):
         if self.stage == 3:  # the working parameters are already this device's slices
             return params
+        return self.owned(params)
+
+    def owned(self, params):
+        """Whole tensors -> this device's flat slices (inside shard_map)."""
         i = lax.axis_index(AXIS)
         return jax.tree.map(lambda f: lax.dynamic_slice_in_dim(f, i * (f.shape[-1] // self.k),
                                                                f.shape[-1] // self.k, axis=-1),
@@ -161,9 +165,11 @@ class ZeroLayout(precision.Replicated):
 
 
 def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum",
-                     unroll: bool = False):
+                     unroll: bool = False, tp_axis: str | None = None, seq=None):
     """ZeRO-3's forward: model.forward's units on parameter slices, each unit gathering its
-    whole tensors with `fetch(unit_slices, layer)` just before it runs.
+    whole tensors with `fetch(unit_slices, layer)` just before it runs (on a tp mesh: its
+    whole tp shards, and the blocks run tensor parallel over `tp_axis`; `seq` as in
+    model.forward).
 
     Every unit runs under `jax.checkpoint` with a policy that keeps activations (matmul
     outputs, or what the remat policy keeps) but never a gathered parameter, so the gathered
@@ -184,10 +190,10 @@ def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum
         return jax.tree.map(lambda t: t + zero.astype(t.dtype), p)
 
     def embed_unit(p, tokens):  # the first unit: nothing runs before it
-        return modellib.embed(fetch(p, False), tokens)
+        return modellib.embed(fetch(p, False), tokens, seq)
 
     def layer(x, p):
-        return modellib.block(fetch(after(p, x), True), x, None, attention), None
+        return modellib.block(fetch(after(p, x), True), x, tp_axis, attention, seq), None
 
     def head_unit(p, x):
         return modellib.head(fetch(after(p, x), False), x)
