@@ -61,10 +61,11 @@ class TrainConfig:
     precision: str = "fp32"  # a policy of jaxscale.precision: fp32, bf16, fp16, bf16-pure
     mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
-    remat: str = "none"  # activation recomputation: none, full, matmuls
+    remat: str = "none"  # activation recomputation: none, full, matmuls, selective
     attention: str = "einsum"  # attention kernel: einsum (reference), xla, cudnn (GPU)
     unroll: bool = False  # write the layers out instead of scanning one loop body
     zero_stage: int = 0  # ZeRO over the dp axis: 0 (plain data parallel), 1, 2, 3
+    sequence_parallel: bool = False  # Megatron SP: the tp group also splits the sequence
     schedule: str = "1f1b"  # pipeline schedule (pp > 1): gpipe, 1f1b, interleaved
     virtual: int = 1  # model chunks per pipeline device (interleaved: >= 2)
     stop_gap: float | None = None  # stop once val loss - floor <= stop_gap (nats)
@@ -81,7 +82,8 @@ class TrainConfig:
         plan = Plan.from_mesh(self.mesh, micro_batches=self.micro_batches, remat=self.remat,
                               zero_stage=self.zero_stage, precision=self.precision,
                               schedule=self.schedule, virtual=self.virtual,
-                              attention=self.attention, unroll=self.unroll)
+                              attention=self.attention, unroll=self.unroll,
+                              sequence_parallel=self.sequence_parallel)
         return plan.validate(global_batch=self.batch_size) if validate else plan
 
     def validate(self) -> None:

@@ -30,15 +30,17 @@ def _fail(capsys, argv):
     (["train", "--lr", "0"], ["--lr", "0"]),
     (["train", "--optimizer", "lion"], ["'lion'", "adamw", "sgd"]),
     (["train", "--devices", "0"], ["--devices", "0"]),
-    (["train", "--mesh", "dp=2,xp=4"], ["'xp'", "dp, pp, tp"]),
+    (["train", "--mesh", "dp=2,xp=4"], ["'xp'", "dp, pp, cp, tp"]),
+    (["train", "--mesh", "dp=2,dp=4"], ["'dp' given twice"]),
+    (["train", "--mesh", "dp=8", "--sequence-parallel"], ["sequence parallelism", "tp=1"]),
+    (["train", "--mesh", "dp=2,pp=2,tp=2", "--zero", "3"], ["ZeRO-3", "pp=2",
+                                                             "zero_stage 1 or 2"]),
     (["train", "--mesh", "dp=4"], ["dp=4", "needs 4 devices but 8"]),
     (["train", "--mesh", "dp=3"], ["32 documents", "dp x micro_batches = 3 x 1"]),
     (["train", "--mesh", "dp=0"], ["dp", "got 0"]),
     (["train", "--devices", "4"], ["asked for 4 CPU devices", "already started with 8"]),
     (["train", "--zero", "5"], ["--zero", "5", "0, 1, 2, 3"]),
     (["train", "--zero", "1"], ["ZeRO needs dp > 1"]),
-    (["train", "--mesh", "dp=2,tp=2,pp=2", "--zero", "2"], ["ZeRO stage 2",
-                                                             "only zero_stage=1"]),
     (["train", "--mesh", "tp=8"], ["tp=8", "heads (4)", "[1, 2, 4]"]),
     (["train", "--mesh", "dp=2,pp=4"], ["pp x virtual = 4 x 1", "2 layers"]),
     (["train", "--mesh", "dp=2,pp=2,tp=2", "--micro-batches", "3"], ["32 documents", "2 x 3"]),
@@ -110,8 +112,8 @@ def test_train_data_parallel_in_process(capsys, tmp_path):
 def test_data_parallel_bad_input(capsys):
     err = _fail(capsys, ["train", "--devices", "8", "--mesh", "dp=8", "--batch-size", "12"])
     assert "12 documents is not divisible by dp x micro_batches = 8 x 1" in err
-    err = _fail(capsys, ["train", "--mesh", "dp=4,tp=2", "--precision", "fp16", "--zero", "2"])
-    assert "ZeRO stage 2" in err and "with tp=2, pp=1 only zero_stage=1" in err
+    err = _fail(capsys, ["train", "--mesh", "dp=4,pp=2", "--precision", "fp16", "--zero", "3"])
+    assert "ZeRO-3" in err and "pipeline stage (pp=2)" in err
 
 
 def test_version(capsys):

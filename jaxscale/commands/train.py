@@ -63,12 +63,17 @@ def register(subparsers) -> None:
                    help="split the host CPU into N devices (several processes: N in all, "
                         "split evenly over them)")
     t.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="device mesh, e.g. dp=8 or dp=2,tp=2,pp=2 (sizes multiply to "
-                        "the device count)")
+                   help="device mesh, e.g. dp=8, dp=2,tp=2,pp=2 or dp=2,cp=2,tp=2 (sizes "
+                        "multiply to the device count; cp splits the sequence: ring "
+                        "attention, try --model long)")
     t.add_argument("--zero", type=int, default=d.zero_stage, choices=[0, 1, 2, 3],
                    metavar="STAGE", help="ZeRO stage over the dp axis: 1 shards the optimizer "
                                          "state, 2 also the gradients, 3 also the parameters "
                                          "(gathered per layer when needed)")
+    t.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron sequence parallelism (needs tp >= 2): the tp group also "
+                        "splits the sequence between its all-reduces, which become a "
+                        "reduce-scatter and an all-gather")
     t.add_argument("--micro-batches", type=_number(), default=None, metavar="M",
                    help="gradient accumulation: split each batch into M micro-batches, reduce "
                         "gradients once per step (default 1; with --resume on another mesh, "
@@ -83,7 +88,8 @@ def register(subparsers) -> None:
                         "(default 2 there, 1 otherwise)")
     t.add_argument("--remat", default=d.remat, choices=list(REMAT_POLICIES), metavar="POLICY",
                    help="activation recomputation: none; full (keep each block's input, "
-                        "recompute the block in backward); matmuls (keep matmul outputs)")
+                        "recompute the block in backward); matmuls (keep matmul outputs); "
+                        "selective (recompute only the attention core)")
     t.add_argument("--precision", default=d.precision, choices=list(POLICIES), metavar="POLICY",
                    help="number formats: " + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items()))
     c = t.add_argument_group("checkpoints", "save the whole training state (Orbax, in a "
@@ -219,6 +225,7 @@ def run(args) -> int:
                       stop_gap=args.stop_gap, precision=args.precision,
                       mesh=args.mesh or "dp=1", micro_batches=args.micro_batches or 1,
                       remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
+                      sequence_parallel=args.sequence_parallel,
                       virtual=args.virtual or (2 if args.schedule == "interleaved" else 1),
                       spike_policy=args.spike_policy, spike_z=args.spike_z,
                       spike_window=args.spike_window,
