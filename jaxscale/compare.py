@@ -24,7 +24,8 @@ from jaxscale import costmodel as cm, measure, model as modellib
 from jaxscale.parallel.pipeline import tick_table
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
-STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "tp", "pp", "dp+tp", "dp+pp", "3d")
+STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "tp", "pp", "dp+tp", "dp+pp", "3d",
+              "fsdp+tp", "tp+sp", "cp", "dp+cp+tp")
 CONTROL = "control"  # the single device, batch summed in two halves: rounding alone
 MICRO_BATCHES = 4  # for the pipelined strategies, and ZeRO-1/2 (stage 2's sharded accumulator)
 NOISE_MULTIPLE = 20.0
@@ -41,8 +42,9 @@ def _largest(limit: int, ok) -> int:
 
 def _need_split(k: int, axis: str, n: int, cfg) -> int:
     if k == 1:
-        what = (f"the heads ({cfg.n_heads}) and the MLP width ({cfg.d_ff})" if axis == "tp"
-                else f"the layers ({cfg.n_layers})")
+        what = {"tp": f"the heads ({cfg.n_heads}) and the MLP width ({cfg.d_ff})",
+                "pp": f"the layers ({cfg.n_layers})",
+                "cp": f"half the sequence ({cfg.seq_len // 2})"}[axis]
         raise CompareError(f"no {axis} > 1 divides both {n} devices and {what}")
     return k
 
@@ -56,7 +58,8 @@ def strategy_plan(name: str, n: int, cfg: modellib.ModelConfig) -> Plan:
     if name not in STRATEGIES:
         raise CompareError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}, "
                            "or write a layout with --strategy (e.g. dp=2,tp=4,zero=1)")
-    need = {"single": 1, "dp+tp": 2, "dp+pp": 2, "3d": 8}.get(name, 2)
+    need = {"single": 1, "dp+tp": 2, "dp+pp": 2, "3d": 8, "fsdp+tp": 4,
+            "dp+cp+tp": 8}.get(name, 2)
     if n < need:
         raise CompareError(f"strategy {name!r} needs at least {need} devices, got {n}")
     m = MICRO_BATCHES
@@ -78,6 +81,23 @@ def strategy_plan(name: str, n: int, cfg: modellib.ModelConfig) -> Plan:
     if name == "dp+pp":
         pp = _need_split(_largest(n // 2, pp_ok), "pp", n // 2, cfg)
         return Plan(dp=n // pp, pp=pp, micro_batches=m)
+    if name == "fsdp+tp":  # ZeRO-3 over dp on each device's tp shards (2-D FSDP x TP)
+        tp = _need_split(_largest(n // 2, lambda k: tp_ok(k) and k <= 2), "tp", n // 2, cfg)
+        return Plan(dp=n // tp, tp=tp, zero_stage=3)
+    if name == "tp+sp":
+        tp = _need_split(_largest(n, lambda k: tp_ok(k) and cfg.seq_len % k == 0), "tp", n,
+                         cfg)
+        return Plan(tp=tp, sequence_parallel=True)
+    if name == "cp":
+        return Plan(cp=_need_split(_largest(n, lambda k: cfg.seq_len % (2 * k) == 0), "cp",
+                                   n, cfg))
+    if name == "dp+cp+tp":
+        if n % 8 or not tp_ok(2) or cfg.seq_len % 8:
+            raise CompareError(f"strategy 'dp+cp+tp' (dp x cp=2 x tp=2 with sequence "
+                               f"parallelism) needs a multiple of 8 devices and tp=2 to divide "
+                               f"the model; got {n} devices, heads {cfg.n_heads}, MLP width "
+                               f"{cfg.d_ff}, seq_len {cfg.seq_len}")
+        return Plan(dp=n // 4, cp=2, tp=2, sequence_parallel=True)
     if n % 8:
         raise CompareError(f"strategy '3d' (dp x tp=2 x pp=2, dp >= 2) needs a multiple of 8 "
                            f"devices, got {n}")
@@ -95,6 +115,7 @@ def params_per_device(cfg: modellib.ModelConfig, plan: Plan) -> dict[str, float]
     replicated = 6 * d  # bo, b2, two LayerNorms
     top = cfg.vocab_size * d + cfg.seq_len * d + 2 * d
     return {"top": top, "blocks": L / plan.pp * (split / plan.tp + replicated),
+            "split": L / plan.pp * split / plan.tp,  # what tp splits
             "total": top + L / plan.pp * (split / plan.tp + replicated)}
 
 
@@ -109,16 +130,17 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
     """Predicted per-device model-state bytes and ring bytes sent per step (fp32, Adam);
     "sent_by_axis" splits the bytes by the mesh axis each collective runs over.
 
-    Modelled: dp, tp, pp, schedule, virtual, micro_batches, zero_stage; other plans are
-    refused (see `predictable`)."""
+    Modelled: dp, tp, pp, cp, sequence_parallel, schedule, virtual, micro_batches,
+    zero_stage; other plans are refused (see `predictable`)."""
     if not predictable(plan):
         raise CompareError(f"the prediction covers fp32 plans without remat (and ZeRO-3 "
                            f"with one micro-batch); got {plan}")
     psi = params_per_device(cfg, plan)
-    k, z = plan.dp, plan.zero_stage
+    k, z, m, tp, cp = plan.dp, plan.zero_stage, plan.micro_batches, plan.tp, plan.cp
     states = cm.model_state_bytes(psi["total"], k, z, "fp32")
     b, s = batch_shape
-    act = b // plan.dp // plan.micro_batches * s * cfg.d_model * 4  # one micro-batch's x
+    rows = b // k // m  # rows of one micro-batch on one device
+    act = rows * (s // cp) * cfg.d_model * 4  # one micro-batch's x on a cp share (whole)
     ring = lambda n, g: 2 * (g - 1) / g * n  # noqa: E731
     sent: dict[str, float] = {}
     by_axis: dict[str, dict[str, float]] = {}
@@ -131,28 +153,58 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
     grads = 4 * psi["total"]
     if z == 0:
         add("all-reduce", ring(grads, k), "dp")
-    elif z in (1, 2):  # stage 2 reduce-scatters every micro-batch, stage 1 their sum
-        add("reduce-scatter", (plan.micro_batches if z == 2 else 1) * (k - 1) / k * grads, "dp")
+    elif z in (1, 2):  # stage 2 reduce-scatters every micro-batch (pipeline: backward tick)
+        times = m * (plan.virtual if plan.pp > 1 else 1) if z == 2 else 1
+        add("reduce-scatter", times * (k - 1) / k * grads, "dp")
         add("all-gather", (k - 1) / k * grads, "dp")
     else:
-        from flax import nnx
-
-        from jaxscale.parallel.zero import stage3_ring_bytes
-        shapes = nnx.to_pure_dict(nnx.state(modellib.abstract(cfg), nnx.Param))
-        census = stage3_ring_bytes(shapes, k, 4)
+        census = stage3_census(cfg, plan)
         add("all-gather", census["all_gather"], "dp")
         add("reduce-scatter", census["reduce_scatter"], "dp")
+    # the sequence's shares of every gradient (ZeRO: of its slices) summed, after dp's
+    # reduction: over cp, and over tp for what tp does not split when sequence parallel
+    shrink, sp = (k if z else 1), plan.sequence_parallel
+    if cp > 1 or sp:
+        split, whole = 4 * psi["split"] / shrink, 4 * (psi["total"] - psi["split"]) / shrink
+        add("all-reduce", ring(whole, cp * (tp if sp else 1)), "cp" if cp > 1 else "tp")
+        add("all-reduce", ring(split, cp), "cp")
+    if cp > 1:
+        # ring attention: per layer, cp - 1 hops of k and v forward, of their gradients back
+        kv = 2 * rows * (s // cp) * cfg.d_model // tp * 4
+        add("collective-permute", 2 * (cp - 1) * kv * cfg.n_layers * m, "cp")
     layers_here = cfg.n_layers // plan.pp
-    if plan.tp > 1:  # 2 all-reduces per layer forward, 2 backward (+2: a pipeline recomputes)
+    if tp > 1 and plan.sequence_parallel:
+        # each all-reduce split in two: per layer 2 all-gathers and 2 reduce-scatters
+        # forward, the same backward, on the whole cp share
+        add("all-gather", 4 * layers_here * m * (tp - 1) / tp * act, "tp")
+        add("reduce-scatter", 4 * layers_here * m * (tp - 1) / tp * act, "tp")
+    elif tp > 1:  # 2 all-reduces per layer forward, 2 backward (+2: a pipeline recomputes)
         per_micro = (6 if plan.pp > 1 else 4) * layers_here
-        add("all-reduce", ring(per_micro * plan.micro_batches * act, plan.tp), "tp")
+        add("all-reduce", ring(per_micro * m * act, tp), "tp")
+    if cfg.document_mask and (cp > 1 or plan.sequence_parallel):
+        g = cp * (tp if plan.sequence_parallel else 1)  # every token's document id, int32
+        add("all-gather", m * (g - 1) / g * rows * s * 4, "cp" if cp > 1 else "tp")
     if plan.pp > 1:
-        ticks = tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).ticks
+        ticks = tick_table(plan.schedule, plan.pp, m, plan.virtual).ticks
         add("collective-permute", 2 * ticks * act, "pp")
         # the shared embeddings' and final LayerNorm's gradients (ZeRO: their dp slices)
         add("all-reduce", ring(4 * psi["top"] / (k if z else 1), plan.pp), "pp")
     return {"params_per_device": psi["total"], "states": states, "sent": sent,
             "sent_by_axis": by_axis}
+
+
+def stage3_census(cfg: modellib.ModelConfig, plan: Plan) -> dict[str, float]:
+    """ZeRO-3's gathers and reduce-scatters (zero.stage3_ring_bytes) on each device's own
+    tp shards."""
+    from flax import nnx
+
+    from jaxscale.parallel.hybrid import _local_shapes, param_specs
+    from jaxscale.parallel.zero import stage3_ring_bytes
+    abstract = modellib.abstract(cfg)
+    shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+    if plan.tp > 1:
+        shapes = _local_shapes(shapes, param_specs(modellib.logical_axes(abstract), plan), plan)
+    return stage3_ring_bytes(shapes, plan.dp, 4, plan.sequence_parallel)
 
 
 def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices,

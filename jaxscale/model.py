@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale import attention as attentionlib, garden
 
@@ -311,11 +312,19 @@ def tp_operators(tp_axis: str | None, sequence_parallel: bool = False):
     identity without an axis."""
     if tp_axis is None:
         return _same, _same
+    named = lambda x: checkpoint_name(x, COLLECTIVE)  # noqa: E731
     if sequence_parallel:  # activations [B, T/tp, d] outside the sub-layers, [B, T, d] in
-        return (lambda h: jax.lax.all_gather(h, tp_axis, axis=1, tiled=True),
-                lambda y: jax.lax.psum_scatter(y, tp_axis, scatter_dimension=1, tiled=True))
+        return (lambda h: named(jax.lax.all_gather(h, tp_axis, axis=1, tiled=True)),
+                lambda y: named(jax.lax.psum_scatter(y, tp_axis, scatter_dimension=1,
+                                                     tiled=True)))
     return (lambda h: jax.lax.pcast(h, tp_axis, to="varying"),
-            lambda y: jax.lax.psum(y, tp_axis))
+            lambda y: named(jax.lax.psum(y, tp_axis)))
+
+
+# The outputs of the collectives inside a block (tp's, the cp ring's) carry this name, so
+# that a remat policy can keep them (jaxscale.parallel.zero's gathered layers do):
+# recomputing one means sending it again.
+COLLECTIVE = "collective"
 
 
 def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum", seq=None):

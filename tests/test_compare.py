@@ -47,7 +47,8 @@ def test_compare_on_four_devices_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["zero1", "dp+tp", "3d"])
+@pytest.mark.parametrize("name", ["zero1", "dp+tp", "3d", "fsdp+tp", "tp+sp", "cp",
+                                  "dp+cp+tp"])
 def test_eight_device_strategies_match_their_predictions(devices, name):
     cfg, params, batch = setup("tiny")
     plan = C.check_strategies([name], 8, cfg)[name]
@@ -63,11 +64,15 @@ def test_eight_device_strategies_match_their_predictions(devices, name):
 def test_strategy_plans_on_eight_devices():
     cfg = M.preset("tiny")  # 4 heads, 2 layers
     plans = C.check_strategies(list(C.STRATEGIES), 8, cfg)
-    got = {k: (p.dp, p.tp, p.pp, p.zero_stage) for k, p in plans.items()}
-    assert got == {"single": (1, 1, 1, 0), "dp": (8, 1, 1, 0), "zero1": (8, 1, 1, 1),
-                   "zero2": (8, 1, 1, 2), "zero3": (8, 1, 1, 3), "tp": (1, 4, 1, 0),
-                   "pp": (1, 1, 2, 0), "dp+tp": (2, 4, 1, 0), "dp+pp": (4, 1, 2, 0),
-                   "3d": (2, 2, 2, 1)}
+    got = {k: (p.dp, p.tp, p.pp, p.zero_stage, p.cp, p.sequence_parallel)
+           for k, p in plans.items()}
+    assert got == {"single": (1, 1, 1, 0, 1, False), "dp": (8, 1, 1, 0, 1, False),
+                   "zero1": (8, 1, 1, 1, 1, False), "zero2": (8, 1, 1, 2, 1, False),
+                   "zero3": (8, 1, 1, 3, 1, False), "tp": (1, 4, 1, 0, 1, False),
+                   "pp": (1, 1, 2, 0, 1, False), "dp+tp": (2, 4, 1, 0, 1, False),
+                   "dp+pp": (4, 1, 2, 0, 1, False), "3d": (2, 2, 2, 1, 1, False),
+                   "fsdp+tp": (4, 2, 1, 3, 1, False), "tp+sp": (1, 4, 1, 0, 1, True),
+                   "cp": (1, 1, 1, 0, 8, False), "dp+cp+tp": (2, 2, 1, 0, 2, True)}
     assert plans["zero1"].micro_batches == plans["zero2"].micro_batches == C.MICRO_BATCHES
     control = C.strategy_plan(C.CONTROL, 8, cfg)
     assert (control.n_devices, control.micro_batches) == (1, 2)  # the order of sums only
@@ -195,7 +200,7 @@ def test_tensor_parallel_averaging_its_partial_sums_fails_clearly(devices, refer
 
     real = model.tp_operators
     monkeypatch.setattr(model, "tp_operators",
-                        lambda axis: (real(axis)[0], lambda y: jax.lax.pmean(y, axis)))
+                        lambda axis, sp=False: (real(axis)[0], lambda y: jax.lax.pmean(y, axis)))
     rows = [*reference, _row("tp-pmean", devices, tp=4)]
     noise = C.judge(rows)
     assert not rows[-1]["pass"]

@@ -27,24 +27,25 @@ def fake_devices(processes, per_process):
     return [FakeDevice(2048 * p + i, p) for p in range(processes) for i in range(per_process)]
 
 
+def _where(dp="in", pp="in", tp="in"):  # cp is 1 in these shapes: always in-process
+    return {"dp": f"{dp}-process", "pp": f"{pp}-process", "cp": "in-process",
+            "tp": f"{tp}-process"}
+
+
 @pytest.mark.parametrize("p,k,shape,expect", [
-    (2, 4, MeshShape(dp=8), {"dp": "cross-process", "pp": "in-process", "tp": "in-process"}),
-    (2, 4, MeshShape(dp=2, tp=4), {"dp": "cross-process", "pp": "in-process",
-                                   "tp": "in-process"}),
-    (2, 4, MeshShape(dp=2, pp=2, tp=2), {"dp": "cross-process", "pp": "in-process",
-                                         "tp": "in-process"}),
-    (4, 2, MeshShape(dp=2, pp=2, tp=2), {"dp": "cross-process", "pp": "cross-process",
-                                         "tp": "in-process"}),
-    (4, 2, MeshShape(pp=4, tp=2), {"dp": "in-process", "pp": "cross-process",
-                                   "tp": "in-process"}),
-    (8, 1, MeshShape(dp=8), {"dp": "cross-process", "pp": "in-process", "tp": "in-process"}),
+    (2, 4, MeshShape(dp=8), _where(dp="cross")),
+    (2, 4, MeshShape(dp=2, tp=4), _where(dp="cross")),
+    (2, 4, MeshShape(dp=2, pp=2, tp=2), _where(dp="cross")),
+    (4, 2, MeshShape(dp=2, pp=2, tp=2), _where(dp="cross", pp="cross")),
+    (4, 2, MeshShape(pp=4, tp=2), _where(pp="cross")),
+    (8, 1, MeshShape(dp=8), _where(dp="cross")),
 ])
 def test_tp_stays_inside_a_process_then_pp_and_dp_spans_processes(p, k, shape, expect):
     devs = fake_devices(p, k)[::-1]  # any order in, placed by process
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # these all place without a warning
         grid = D.place_devices(devs, shape)
-    assert grid.shape == (shape.dp, shape.pp, shape.tp)
+    assert grid.shape == (shape.dp, shape.pp, shape.cp, shape.tp)
     assert D.axis_locality(grid) == expect
     # each process's devices form a contiguous block of the flat order
     procs = [d.process_index for d in grid.flat]

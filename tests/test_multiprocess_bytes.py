@@ -72,12 +72,13 @@ def _plan(**axes):
 
 
 @pytest.mark.parametrize("axes, share", [
-    (dict(dp=8), {"dp": 2 / 8, "pp": 0.0, "tp": 0.0}),  # ring 0..7: 3->4 and 7->0 cross
-    (dict(dp=4, pp=2, micro_batches=4), {"dp": 0.5, "pp": 0.0, "tp": 0.0}),  # {0,2,4,6}
-    (dict(dp=2, tp=4), {"dp": 1.0, "pp": 0.0, "tp": 0.0}),
-    (dict(dp=2, pp=2, tp=2, micro_batches=4), {"dp": 1.0, "pp": 0.0, "tp": 0.0}),
-    (dict(tp=4), {"dp": 0.0, "pp": 0.0, "tp": 0.0}),  # process 0's devices only
-    (dict(tp=8), {"dp": 0.0, "pp": 0.0, "tp": 0.25}),  # tp too big for a process
+    # ring 0..7: 3->4 and 7->0 cross
+    (dict(dp=8), {"dp": 2 / 8, "pp": 0.0, "cp": 0.0, "tp": 0.0}),
+    (dict(dp=4, pp=2, micro_batches=4), {"dp": 0.5, "pp": 0.0, "cp": 0.0, "tp": 0.0}),  # 0,2,4,6
+    (dict(dp=2, tp=4), {"dp": 1.0, "pp": 0.0, "cp": 0.0, "tp": 0.0}),
+    (dict(dp=2, pp=2, tp=2, micro_batches=4), {"dp": 1.0, "pp": 0.0, "cp": 0.0, "tp": 0.0}),
+    (dict(tp=4), {"dp": 0.0, "pp": 0.0, "cp": 0.0, "tp": 0.0}),  # process 0's devices only
+    (dict(tp=8), {"dp": 0.0, "pp": 0.0, "cp": 0.0, "tp": 0.25}),  # tp too big for a process
 ])
 def test_axis_crossing_share_follows_the_placement(axes, share):
     assert report.axis_crossing_share(_plan(**axes), BY_PROCESS) == share

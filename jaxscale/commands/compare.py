@@ -42,7 +42,9 @@ def register(subparsers) -> None:
             "and quartiles) as a ratio to one device; the pipeline's idle share. Strategies: "
             "single; dp; zero1/zero2 (over dp, 4 micro-batches); zero3; tp (largest the heads "
             "allow); pp (largest the layers allow, 1F1B); dp+tp; dp+pp; 3d (dp x tp=2 x pp=2, "
-            "ZeRO-1). Each runs in a worker process: a strategy that crashes is marked failed "
+            "ZeRO-1); fsdp+tp (ZeRO-3 over dp on tp=2 shards); tp+sp (sequence parallel); cp "
+            "(ring attention over the largest cp the sequence allows); dp+cp+tp (cp=2, tp=2, "
+            "sequence parallel). Each runs in a worker process: a strategy that crashes is marked failed "
             "and the others are kept. Exit code 1 if a strategy fails or misses the bound."))
     p.add_argument("--devices", type=_number(), default=8, metavar="N",
                    help="devices to use (CPU: forced host devices; several processes: in "

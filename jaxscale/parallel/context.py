@@ -40,9 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax.ad_checkpoint import checkpoint_name
+
 from jaxscale import attention as attentionlib
 
 AXIS = "cp"
+COLLECTIVE = "collective"  # jaxscale.model.COLLECTIVE (a remat policy may keep these)
 LAYOUTS = ("zigzag", "contiguous")
 
 
@@ -148,7 +151,7 @@ def ring_attention(q, k, v, table, segments, axis: str, layout: str):
                 q, k, v, qpos, kpos, qseg, kseg)
             acc = lax.cond(src < me, full, lambda a: a, acc)
         if j < cp - 1:  # the next block: from the previous device, mine to the next
-            k, v = lax.ppermute((k, v), axis, ring)
+            k, v = checkpoint_name(lax.ppermute((k, v), axis, ring), COLLECTIVE)
     return (acc.o / jnp.swapaxes(acc.l, 1, 2)[..., None]).astype(q.dtype), acc.pairs
 
 

@@ -272,16 +272,22 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
                                           seq=sequence(mb))
             return logits_nll_and_count(logits, mb)
 
-        def over_cp(g):  # the cp devices' shares of one copy's gradients, after dp's
-            return jax.tree.map(lambda x: lax.psum(x, context.AXIS), g) if plan.cp > 1 else g
+        # The devices that split the sequence hold different tokens, so each parameter's
+        # gradient has a share on each: summed over cp, and over tp (sequence parallel)
+        # for the parameters tp does not split, after dp's reduction (ZeRO: on slices).
+        # Each device differentiates its own copy over dp and those axes (ZeRO-3: its
+        # slices are its own over dp already); otherwise autodiff would sum the shares
+        # over tp itself, once per use (the tied embedding: twice).
+        def over_sequence(g):
+            def one(x, spec):
+                axes = tuple(a for a in seq_axes if a != "tp" or "tp" not in spec)
+                return lax.psum(x, axes) if axes else x
+            return jax.tree.map(one, g, specs, is_leaf=is_spec) if seq_axes else g
 
-        # each device differentiates its own copy over dp and cp (ZeRO-3: its slices are
-        # its own already); over tp, autodiff sums the gradients of the parameters tp does
-        # not split (shard_map's check_vma)
-        mine = ((context.AXIS,) if plan.cp > 1 else ()) if plan.zero_stage == 3 else \
-            (AXIS, context.AXIS) if plan.cp > 1 else (AXIS,)
+        mine = ((AXIS,) if plan.zero_stage != 3 else ()) + seq_axes
         grad_fn = accumulated_value_and_grad(
-            nll, plan.micro_batches, per_micro=per_micro, after=lambda g: over_cp(after(g)),
+            nll, plan.micro_batches, per_micro=per_micro,
+            after=lambda g: over_sequence(after(g)),
             like=layout.owned if plan.zero_stage == 2 else identity,
             own=lambda p: jax.tree.map(lambda x: vary(x, mine), p) if mine else p,
             batch_axes=(AXIS, *seq_axes))

@@ -201,7 +201,9 @@ def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum
     saveable = jax.checkpoint_policies
     embed_unit = jax.checkpoint(embed_unit, policy=saveable.nothing_saveable)
     head_unit = jax.checkpoint(head_unit, policy=saveable.dots_saveable)
-    layer = jax.checkpoint(layer, policy=modellib.REMAT_POLICIES[remat] or saveable.dots_saveable)
+    keep = saveable.save_from_both_policies(  # and tp's collective outputs: not sent twice
+        saveable.dots_saveable, saveable.save_only_these_names(modellib.COLLECTIVE))
+    layer = jax.checkpoint(layer, policy=modellib.REMAT_POLICIES[remat] or keep)
     x = embed_unit({"tok_embed": slices["tok_embed"], "pos_embed": slices["pos_embed"]}, tokens)
     x, _ = jax.lax.scan(layer, x, slices["blocks"], unroll=True if unroll else 1)
     return head_unit({"ln_f": slices["ln_f"], "tok_embed": slices["tok_embed"]}, x)
@@ -291,17 +293,27 @@ BACKWARD_UNITS = {
 }
 
 
-def stage3_ring_bytes(shapes, k: int, itemsize: int) -> dict[str, float]:
+# With sequence parallelism a block's LayerNorm outputs are not recomputed in backward: the
+# sequence all-gather after each is kept (its output is named model.COLLECTIVE), so the
+# LayerNorms' biases, which only shift those outputs, are not gathered again.
+SEQUENCE_PARALLEL_BACKWARD_UNITS = {"ln1.bias": 0, "ln2.bias": 0}
+
+
+def stage3_ring_bytes(shapes, k: int, itemsize: int,
+                      sequence_parallel: bool = False) -> dict[str, float]:
     """Predicted bytes one device sends per step under ZeRO-3 (ring collectives, one
     micro-batch), next to the textbook's 3 x (K-1)/K x Psi and DP's 2 x (K-1)/K x Psi."""
     ring = (k - 1) / k
     out = {"all_gather": 0.0, "reduce_scatter": 0.0, "textbook": 0.0, "dp": 0.0}
+    backward = {**BACKWARD_UNITS, **(SEQUENCE_PARALLEL_BACKWARD_UNITS if sequence_parallel
+                                     else {})}
     for path, s in jax.tree_util.tree_leaves_with_path(shapes):
-        name = path[-1].key if path[-1].key not in ("scale", "bias") else None
+        keys = [p.key for p in path]
+        name = ".".join(keys[-2:]) if keys[-1] in ("scale", "bias") else keys[-1]
         layers = s.shape[0] if _is_stacked(path) else 1
         n = math.prod(s.shape) // layers
         padded = ring * _padded(n, k) * itemsize * layers
-        fwd, bwd = FORWARD_UNITS.get(name, 1), BACKWARD_UNITS.get(name, 1)
+        fwd, bwd = FORWARD_UNITS.get(name, 1), backward.get(name, 1)
         out["all_gather"] += (fwd + bwd) * padded
         out["reduce_scatter"] += fwd * padded
         out["textbook"] += 3 * padded
