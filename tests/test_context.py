@@ -157,7 +157,8 @@ def test_sequence_parallel_splits_each_all_reduce_into_its_halves():
         for op in set(sent[sp]) | set(pred):
             assert sent[sp].get(op, 0) == pytest.approx(pred.get(op, 0), rel=1e-6), op
     assert set(sent[True]) == {"all-gather", "reduce-scatter", "all-reduce"}
-    assert sent[True]["all-gather"] + sent[True]["reduce-scatter"] < sent[False]["all-reduce"]
+    activations = sent[True]["all-gather"] + sent[True]["reduce-scatter"]
+    assert activations == sent[False]["all-reduce"]  # tiny: tp's all-reduces are all activations
 
 
 @pytest.mark.parametrize("plan, words", [
@@ -187,14 +188,16 @@ def test_cp_that_does_not_divide_the_sequence_is_refused_before_compiling():
 @pytest.mark.parametrize("plan", [dict(dp=4, tp=2, zero_stage=3), dict(dp=4, tp=2, zero_stage=2),
                                   dict(dp=2, cp=2, tp=2, sequence_parallel=True, zero_stage=1)])
 def test_new_layouts_convert_to_the_canonical_state_and_back(plan):
-    """Two steps of Adam under the plan, then its canonical state (what a checkpoint holds)
-    against the single device's: parameters and both moments within 1e-5 relative; and
+    """Two steps of momentum SGD under the plan, then its canonical state (what a checkpoint
+    holds) against the single device's: parameters and momentum within 1e-5 relative (Adam's
+    first steps would turn ulps in a near-zero gradient into whole steps); and
     from_canonical(to_canonical(state)) gives the plan's state back bit for bit."""
     from conftest import setup
     cfg, params, batch = setup("tiny")
     states = {}
     for p in (Plan(), Plan(**plan)):
-        init, step = build_train_step(cfg, p, optax.adam(1e-2), jax.devices()[:p.n_devices])
+        init, step = build_train_step(cfg, p, optax.sgd(0.1, momentum=0.9),
+                                      jax.devices()[:p.n_devices])
         state = init(params)
         for _ in range(2):
             state, _ = step(state, batch)
@@ -203,7 +206,7 @@ def test_new_layouts_convert_to_the_canonical_state_and_back(plan):
     canonical = step.canonical.to_canonical(state)
     ref = states[1][1].canonical.to_canonical(states[1][0])
     assert measure.max_rel_diff(canonical.params, ref.params) <= 1e-5
-    assert measure.max_rel_diff(canonical.opt_state[0].mu, ref.opt_state[0].mu) <= 1e-5
+    assert measure.max_rel_diff(canonical.opt_state[0].trace, ref.opt_state[0].trace) <= 1e-5
     back = step.canonical.from_canonical(canonical)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
