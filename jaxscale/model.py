@@ -150,10 +150,18 @@ class LayerNorm(nnx.Module):
 # "selective" (Korthikanti et al. 2022) keeps the projections' outputs and recomputes the
 # attention core, whose T x T scores and softmax are most of a block's activations and
 # few of its FLOPs: it saves the matmuls without batch dimensions (x @ W) and not the
-# batched ones (q k^T, softmax(.) v).
-REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
-                  "matmuls": jax.checkpoint_policies.dots_saveable,
-                  "selective": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+# batched ones (q k^T, softmax(.) v), and keeps what the block's collectives received.
+#
+# The outputs of the collectives inside a block (tp's, the cp ring's) carry the name
+# COLLECTIVE, so that a policy can keep them (selective does, and ZeRO-3's gathered
+# layers): recomputing one means sending it again.
+COLLECTIVE = "collective"
+_policies = jax.checkpoint_policies
+REMAT_POLICIES = {"none": None, "full": _policies.nothing_saveable,
+                  "matmuls": _policies.dots_saveable,
+                  "selective": _policies.save_from_both_policies(
+                      _policies.dots_with_no_batch_dims_saveable,
+                      _policies.save_only_these_names(COLLECTIVE))}
 
 
 def check_compute(remat: str = "none", attention: str = "einsum") -> None:
@@ -320,11 +328,6 @@ def tp_operators(tp_axis: str | None, sequence_parallel: bool = False):
     return (lambda h: jax.lax.pcast(h, tp_axis, to="varying"),
             lambda y: named(jax.lax.psum(y, tp_axis)))
 
-
-# The outputs of the collectives inside a block (tp's, the cp ring's) carry this name, so
-# that a remat policy can keep them (jaxscale.parallel.zero's gathered layers do):
-# recomputing one means sending it again.
-COLLECTIVE = "collective"
 
 
 def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum", seq=None):
