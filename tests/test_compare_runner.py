@@ -88,3 +88,12 @@ def test_a_gpu_sized_model_is_refused_once_the_worker_finds_only_cpu_devices(mon
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["event"] for e in events] == ["error"]
     assert "model 'mid' is sized for GPU/TPU" in events[0]["message"]
+
+
+def test_the_mesh_label_names_every_axis_and_sequence_parallelism():
+    from jaxscale.commands.compare_runner import mesh_label
+    from jaxscale.parallel.plan import Plan
+    assert mesh_label(Plan(dp=2, cp=2, tp=2, sequence_parallel=True).as_dict()) == \
+        "dp=2 cp=2 tp=2 sp"
+    assert mesh_label(Plan(cp=8).as_dict()) == "cp=8"
+    assert mesh_label(Plan().as_dict()) == "1 device"

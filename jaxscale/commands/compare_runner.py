@@ -39,7 +39,10 @@ WORKER = (sys.executable, "-m", "jaxscale.commands.compare_runner")
 
 def mesh_label(plan: dict) -> str:
     """A strategy's layout in a few words, e.g. 'dp=2 tp=4 ZeRO-1 1f1b m=4'."""
-    parts = [f"{a}={plan[a]}" for a in ("dp", "tp", "pp") if plan[a] > 1] or ["1 device"]
+    parts = [f"{a}={plan.get(a, 1)}" for a in ("dp", "cp", "tp", "pp")
+             if plan.get(a, 1) > 1] or ["1 device"]
+    if plan.get("sequence_parallel"):
+        parts.append("sp")
     if plan["zero_stage"]:
         parts.append(f"ZeRO-{plan['zero_stage']}")
     if plan["pp"] > 1:

@@ -176,7 +176,7 @@ def elastic_micro_batches(saved: Plan, plan: Plan, global_batch: int) -> int:
                     continue  # a pipeline needs more micro-batches than that
                 return m
     can = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
-    per = plan.tp * plan.pp
+    per = plan.n_devices // plan.dp  # devices per data-parallel replica: tp x pp x cp
     raise PlanError(
         f"dp={plan.dp} cannot keep the global batch of {global_batch} documents of the run "
         f"saved under {saved.layout()} ({rows} rows per micro-batch); dp sizes that can: "
