@@ -121,9 +121,10 @@ def params_per_device(cfg: modellib.ModelConfig, plan: Plan) -> dict[str, float]
 
 def predictable(plan: Plan) -> bool:
     """Whether `predict` models the plan: fp32, no remat (full remat repeats tp's forward
-    all-reduces), ZeRO-3 only with one micro-batch (its gathers repeat per micro-batch)."""
+    all-reduces), ZeRO-3 outside a pipeline only with one micro-batch (its gathers repeat
+    per micro-batch; in a pipeline they are counted per tick)."""
     return (plan.remat == "none" and plan.precision == "fp32"
-            and not (plan.zero_stage == 3 and plan.micro_batches > 1))
+            and not (plan.zero_stage == 3 and plan.micro_batches > 1 and plan.pp == 1))
 
 
 def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int]) -> dict:
@@ -157,10 +158,15 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
         times = m * (plan.virtual if plan.pp > 1 else 1) if z == 2 else 1
         add("reduce-scatter", times * (k - 1) / k * grads, "dp")
         add("all-gather", (k - 1) / k * grads, "dp")
-    else:
+    elif plan.pp == 1:
         census = stage3_census(cfg, plan)
         add("all-gather", census["all_gather"], "dp")
         add("reduce-scatter", census["reduce_scatter"], "dp")
+    else:  # every tick gathers its chunk's units: forward, then again in backward (the
+        # stage's recomputed forward and what its backward needs), scattering there
+        census, ticks = stage3_census(cfg, plan), m * plan.virtual
+        add("all-gather", ticks * (census["all_gather"] + census["reduce_scatter"]), "dp")
+        add("reduce-scatter", ticks * census["reduce_scatter"], "dp")
     # the sequence's shares of every gradient (ZeRO: of its slices) summed, after dp's
     # reduction: over cp, and over tp for what tp does not split when sequence parallel
     shrink, sp = (k if z else 1), plan.sequence_parallel
@@ -195,15 +201,19 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
 
 def stage3_census(cfg: modellib.ModelConfig, plan: Plan) -> dict[str, float]:
     """ZeRO-3's gathers and reduce-scatters (zero.stage3_ring_bytes) on each device's own
-    tp shards."""
+    tp shards (in a pipeline: for one chunk of its layers)."""
+    import jax
     from flax import nnx
 
     from jaxscale.parallel.hybrid import _local_shapes, param_specs
     from jaxscale.parallel.zero import stage3_ring_bytes
     abstract = modellib.abstract(cfg)
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    if plan.tp > 1:
+    if plan.tp > 1 or plan.pp > 1:  # each device's shards; a pipeline: one chunk's layers
         shapes = _local_shapes(shapes, param_specs(modellib.logical_axes(abstract), plan), plan)
+        chunk = cfg.n_layers // (plan.pp * plan.virtual)
+        shapes = {**shapes, "blocks": jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((chunk, *x.shape[1:]), x.dtype), shapes["blocks"])}
     return stage3_ring_bytes(shapes, plan.dp, 4, plan.sequence_parallel)
 
 

@@ -33,8 +33,8 @@ def _fail(capsys, argv):
     (["train", "--mesh", "dp=2,xp=4"], ["'xp'", "dp, pp, cp, tp"]),
     (["train", "--mesh", "dp=2,dp=4"], ["'dp' given twice"]),
     (["train", "--mesh", "dp=8", "--sequence-parallel"], ["sequence parallelism", "tp=1"]),
-    (["train", "--mesh", "dp=2,pp=2,tp=2", "--zero", "3"], ["ZeRO-3", "pp=2",
-                                                             "zero_stage 1 or 2"]),
+    (["train", "--mesh", "dp=2,pp=2,cp=2", "--micro-batches", "2"], ["cp=2", "pp=2",
+                                                                       "use pp=1"]),
     (["train", "--mesh", "dp=4"], ["dp=4", "needs 4 devices but 8"]),
     (["train", "--mesh", "dp=3"], ["32 documents", "dp x micro_batches = 3 x 1"]),
     (["train", "--mesh", "dp=0"], ["dp", "got 0"]),
@@ -112,8 +112,9 @@ def test_train_data_parallel_in_process(capsys, tmp_path):
 def test_data_parallel_bad_input(capsys):
     err = _fail(capsys, ["train", "--devices", "8", "--mesh", "dp=8", "--batch-size", "12"])
     assert "12 documents is not divisible by dp x micro_batches = 8 x 1" in err
-    err = _fail(capsys, ["train", "--mesh", "dp=4,pp=2", "--precision", "fp16", "--zero", "3"])
-    assert "ZeRO-3" in err and "pipeline stage (pp=2)" in err
+    err = _fail(capsys, ["train", "--mesh", "dp=4,pp=2", "--precision", "fp16",
+                         "--sequence-parallel", "--micro-batches", "2"])
+    assert "sequence parallelism splits the sequence over the tensor-parallel" in err
 
 
 def test_version(capsys):

@@ -89,7 +89,7 @@ def test_strategy_plans_on_eight_devices():
     (["compare", "--model", "7b"], ["too big to train here", "--abstract"]),
     (["compare", "--strategy", "dp=2,foo=1"], ["unknown layout key 'foo'", "zero, micro"]),
     (["compare", "--strategy", "dp=16"], ["'dp=16' needs 16 devices, got 8"]),
-    (["compare", "--strategy", "dp=2,tp=2,pp=2,zero=3"], ["ZeRO-3", "zero_stage 1 or 2"]),
+    (["compare", "--strategy", "dp=2,cp=2,pp=2"], ["cp=2", "use pp=1"]),
     (["compare", "--out", "pyproject.toml"], ["'pyproject.toml' is an existing file"]),
     (["compare", "--tolerance", "0"], ["--tolerance", "got 0"]),
 ])

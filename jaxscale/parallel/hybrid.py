@@ -34,7 +34,8 @@ from jaxscale.parallel.canonical import Canonical, param_infos
 from jaxscale.parallel.data import (AXIS, ShardedStep, accumulated_value_and_grad,
                                     own_copy, shard_step)
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
-from jaxscale.parallel.zero import ZeroLayout, check_elementwise, forward_gathered
+from jaxscale.parallel.zero import (ZeroLayout, check_elementwise, forward_gathered,
+                                    gathered_units)
 
 RULES = {"heads": "tp", "mlp": "tp", "layers": "pp"}
 
@@ -249,7 +250,12 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
                                                            plan.micro_batches, v),
                                           tp_axis=tp_axis, replicated_over_pp=shared,
                                           dp_reduce=after, per_tick=per_micro,
-                                          like=layout.owned if plan.zero_stage == 2 else None)
+                                          like=layout.owned if plan.zero_stage == 2 else None,
+                                          units=gathered_units(layout.fetch, plan.remat,
+                                                               plan.attention, plan.unroll,
+                                                               tp_axis)
+                                          if plan.zero_stage == 3 else None,
+                                          d_model=model_cfg.d_model)
         seq_axes = ()
     else:
         # the axes that split the sequence: cp (a ring), tp when sequence parallel

@@ -131,7 +131,7 @@ def _zeros_like(x):
 
 def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp",
                             tp_axis=None, replicated_over_pp, dp_reduce=None, per_tick=None,
-                            like=None):
+                            like=None, units=None, d_model=None):
     """grad_fn for precision.make_step running the pipeline (see the module docstring).
 
     `params` arrive with the blocks' layer axis split over pp (this device's v chunks, in
@@ -141,9 +141,17 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
     ZeRO-2: nothing, as `per_tick` reduce-scatters each backward tick's gradients at once
     and the accumulator holds only this device's slices, shaped `like(params)`: the dp
     replicas of a stage run the same ticks, so they meet in the same branch).
+    `units`: (embed, layers, head) on this device's parameters (ZeRO-3: on its slices,
+    each unit gathering what it uses: zero.gathered_units); default the model's own.
+    `d_model`: the activations' width (default: the token embedding's, when it is whole).
     """
     per_tick = per_tick or (lambda g: g)
     like = like or (lambda t: t)
+    embed, layers, head = units or (
+        modellib.embed,
+        lambda blocks, h: modellib.layers(blocks, h, plan.remat, tp_axis,
+                                          attention=plan.attention, unroll=plan.unroll),
+        modellib.head)
     p, m, v = plan.pp, plan.micro_batches, plan.virtual
 
     def grad_fn(params, batch, multiplier):
@@ -161,10 +169,9 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
             first, last = (stage == 0) & (chunk == 0), (stage == p - 1) & (chunk == v - 1)
             blocks = jax.tree.map(lambda b: lax.dynamic_slice_in_dim(b, chunk * per_chunk,
                                                                      per_chunk), prm["blocks"])
-            h = jnp.where(first, modellib.embed(prm, mb["tokens"]).astype(x.dtype), x)
-            h = modellib.layers(blocks, h, plan.remat, tp_axis, attention=plan.attention,
-                                unroll=plan.unroll)
-            nll = logits_nll_and_count(modellib.head(prm, h), mb)[0] / count
+            h = jnp.where(first, embed(prm, mb["tokens"]).astype(x.dtype), x)
+            h = layers(blocks, h)
+            nll = logits_nll_and_count(head(prm, h), mb)[0] / count
             return h, jnp.where(last, nll, 0.0)
 
         def tick(carry, row):
@@ -198,7 +205,7 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
             return (stash, gstash, jax.tree.map(jnp.add, grads, d_params), loss + loss_j), None
 
         b, t = mbs["tokens"].shape[1:]
-        d = params["tok_embed"].shape[-1]
+        d = d_model or params["tok_embed"].shape[-1]
         act = vary(jnp.zeros((b, t, d), params["tok_embed"].dtype), (dp_axis, pp_axis))
         carry = (jnp.zeros((table.slots, *act.shape), act.dtype) + act,
                  jnp.zeros((table.gslots, *act.shape), act.dtype) + act,

@@ -110,10 +110,6 @@ class Plan:
                 sched.check_sizes(self.schedule, self.pp, self.micro_batches, self.virtual)
             except sched.ScheduleError as e:
                 raise PlanError(str(e)) from None
-        if self.zero_stage == 3 and self.pp > 1:
-            raise PlanError(f"ZeRO-3 gathers each unit's parameters as it runs, which a "
-                            f"pipeline stage (pp={self.pp}) does not do yet; with pp use "
-                            "zero_stage 1 or 2")
         if self.cp > 1 and self.pp > 1:
             raise PlanError(f"context parallelism (cp={self.cp}) runs with dp and tp, not yet "
                             f"inside a pipeline (pp={self.pp}); use pp=1")
@@ -212,10 +208,11 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     pol = precision.policy(plan.precision)
     abstract = modellib.abstract(model_cfg)
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    if model_cfg.document_mask and (plan.attention == "cudnn" or
-                                    (plan.zero_stage == 3 or plan.pp > 1)):
+    if model_cfg.document_mask and (plan.attention == "cudnn" or plan.pp > 1 or (
+            plan.zero_stage == 3 and plan.n_devices == plan.dp)):
         raise PlanError(f"the model masks attention to documents, which {plan.layout()} does "
-                        "not yet: use attention einsum or xla, and no pipeline or ZeRO-3")
+                        "not yet: use attention einsum or xla, no pipeline, and ZeRO-3 only "
+                        "with tp or cp")
     if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:  # (sequence parallel needs tp > 1)
         from jaxscale.parallel.hybrid import build_hybrid
         return build_hybrid(model_cfg, graphdef, plan, optimizer, pol, shapes,

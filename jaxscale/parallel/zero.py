@@ -166,10 +166,19 @@ class ZeroLayout(precision.Replicated):
 
 def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum",
                      unroll: bool = False, tp_axis: str | None = None, seq=None):
-    """ZeRO-3's forward: model.forward's units on parameter slices, each unit gathering its
-    whole tensors with `fetch(unit_slices, layer)` just before it runs (on a tp mesh: its
-    whole tp shards, and the blocks run tensor parallel over `tp_axis`; `seq` as in
-    model.forward).
+    """ZeRO-3's forward: model.forward's units on parameter slices (`gathered_units`)."""
+    embed, layers, head = gathered_units(fetch, remat, attention, unroll, tp_axis, seq)
+    return head(slices, layers(slices["blocks"], embed(slices, tokens)))
+
+
+def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = False,
+                   tp_axis: str | None = None, seq=None):
+    """(embed(slices, tokens), layers(block_slices, x), head(slices, x)): model.forward's
+    units on parameter slices, each unit gathering its whole tensors with
+    `fetch(unit_slices, layer)` just before it runs (on a tp mesh: its whole tp shards, and
+    the blocks run tensor parallel over `tp_axis`; `seq` as in model.forward). The whole
+    model runs them in turn; a pipeline stage runs its own chunk's layers and masks the
+    embedding and head where it does not own them.
 
     Every unit runs under `jax.checkpoint` with a policy that keeps activations (matmul
     outputs, or what the remat policy keeps) but never a gathered parameter, so the gathered
@@ -204,9 +213,17 @@ def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum
     keep = saveable.save_from_both_policies(  # and tp's collective outputs: not sent twice
         saveable.dots_saveable, saveable.save_only_these_names(modellib.COLLECTIVE))
     layer = jax.checkpoint(layer, policy=modellib.REMAT_POLICIES[remat] or keep)
-    x = embed_unit({"tok_embed": slices["tok_embed"], "pos_embed": slices["pos_embed"]}, tokens)
-    x, _ = jax.lax.scan(layer, x, slices["blocks"], unroll=True if unroll else 1)
-    return head_unit({"ln_f": slices["ln_f"], "tok_embed": slices["tok_embed"]}, x)
+
+    def embed(slices, tokens):
+        return embed_unit({"tok_embed": slices["tok_embed"], "pos_embed": slices["pos_embed"]},
+                          tokens)
+
+    def layers(blocks, x):
+        return jax.lax.scan(layer, x, blocks, unroll=True if unroll else 1)[0]
+
+    def head(slices, x):
+        return head_unit({"ln_f": slices["ln_f"], "tok_embed": slices["tok_embed"]}, x)
+    return embed, layers, head
 
 
 def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat: str = "none",
