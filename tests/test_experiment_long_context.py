@@ -26,3 +26,7 @@ def test_attention_memory_falls_with_cp_and_exercise_8(tmp_path):
     assert c["tp=8 + sp"]["temporaries"] < c["tp=8"]["temporaries"]
     assert c["tp=8 + sp + selective"]["temporaries"] < c["tp=8 + sp"]["temporaries"]
     assert c["tp=8 + sp + selective"]["sent"] == sp  # selective recomputes, never resends
+    kept = [c[k]["residuals_per_layer"] for k in ("tp=8", "tp=8 + sp", "tp=8 + sp + selective")]
+    assert kept[0] > kept[1] > kept[2]  # measured per device: sp splits, selective drops maps
+    formula = [c[k]["korthikanti_per_layer"] for k in ("tp=8", "tp=8 + sp")]
+    assert formula[1] * 15 == formula[0] * 8  # tiny8 at tp=8: (4 + 12/8 + 2) vs (2 + 2) sbh
