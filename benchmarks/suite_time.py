@@ -24,6 +24,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "jaxscale"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone,
+                                capture_output=True, text=True).stdout.strip()  # what ran
         t0 = time.perf_counter()
         r = subprocess.run(["bash", ".ci/run"], cwd=clone, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -34,8 +36,7 @@ def main():
     result = {"benchmark": "test_suite_cold", "ci_wall_s": wall, "pytest_s": float(m.group(2)),
               "tests_passed": int(m.group(1)), "target_s": 900, "cpus": os.cpu_count(),
               "reruns": int(r2.group(1)) if (r2 := re.search(r"(\d+) rerun", tail)) else 0,
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                       capture_output=True, text=True).stdout.strip()}
+              "commit": commit}
     out = ROOT / "benchmarks" / "results" / "test_suite.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
