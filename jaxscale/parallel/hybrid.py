@@ -32,7 +32,7 @@ from jaxscale import devices as devlib, model as modellib, precision
 from jaxscale.parallel import context
 from jaxscale.parallel.canonical import Canonical, param_infos
 from jaxscale.parallel.data import (AXIS, ShardedStep, accumulated_value_and_grad,
-                                    own_copy, shard_step)
+                                    shard_step)
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
 from jaxscale.parallel.zero import (ZeroLayout, check_elementwise, forward_gathered,
                                     gathered_units)
@@ -131,9 +131,6 @@ class ZeroMeshLayout(HybridCanonical, ZeroLayout):
     def params_from_canonical(self, x, info):
         return self.copy_from_canonical(x, info) if self.stage == 3 else \
             HybridCanonical.params_from_canonical(self, x, info)
-
-    def full_params(self, params):  # (ShardedStep.full_params converts leaf by leaf)
-        raise NotImplementedError
 
     def _local_shape(self, info):
         spec = info.spec + (None,) * (len(info.shape) - len(info.spec))
