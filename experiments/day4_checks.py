@@ -91,16 +91,16 @@ def part_5(lab, out: Path) -> dict:
 
 def part_6(lab, out: Path) -> dict:
     stages, mbs = (2, 4, 8), (1, 2, 4, 8, 16, 32, 64)
-    grid = {p: {m: cm.bubble_fraction(p, m) for m in mbs} for p in stages}
+    grid = {p: {m: cm.bubble_over_total(p, m) for m in mbs} for p in stages}
     print_table("6. pipeline bubble (p-1)/(m+p-1), p stages, m micro-batches",
                 ["p", *[f"m = {m}" for m in mbs]],
                 [[p, *[f"{100 * f:.1f}%" for f in row.values()]] for p, row in grid.items()])
-    need = {p: next(m for m in range(1, 10**6) if cm.bubble_fraction(p, m) <= 0.1)
+    need = {p: next(m for m in range(1, 10**6) if cm.bubble_over_total(p, m) <= 0.1)
             for p in (2, 4, 8, 16)}
     print_table("6. fewest micro-batches for a bubble <= 10% (lecture 13 exercise 3), and the "
                 "micro-batches' activations a stage keeps: GPipe all m, 1F1B at most p",
                 ["p", "m needed", "bubble then", "GPipe keeps", "1F1B keeps"],
-                [[p, m, f"{100 * cm.bubble_fraction(p, m):.2f}%", m, min(m, p)]
+                [[p, m, f"{100 * cm.bubble_over_total(p, m):.2f}%", m, min(m, p)]
                  for p, m in need.items()])
     return {"bubble": {str(p): {str(m): f for m, f in row.items()} for p, row in grid.items()},
             "min_micro_batches_for_10pct": {str(p): m for p, m in need.items()},

@@ -258,7 +258,9 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
            "step_s_q3": timing.get("q3_s"), "step_repeats": timing.get("repeats"),
            "memory": {"params": on0(state.params), "master": on0(state.master),
                       "optimizer": on0(state.opt_state), **mem},
-           "sent": sent}
+           "sent": sent,
+           "collectives_per_step": sum(c.times for c in measure.collectives(hlo, share)
+                                       if measure.group_size(c, plan.n_devices) > 1)}
     if jax.process_count() > 1 and step.mesh is not None:  # which bytes leave the process
         out["sent_cross_process"] = measure.ring_bytes_by_op(
             hlo, share, device_process=distributed.device_process(step.mesh))

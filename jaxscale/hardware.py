@@ -24,38 +24,8 @@ from dataclasses import asdict, dataclass
 import jax
 import jax.numpy as jnp
 
-T = 1e12
-# Dense peak FLOP/s per dtype. "tfloat32" is the tensor-core rate of float32 matmuls on
-# Ampere and later (taken when matmul precision allows it); "float32" is the plain rate.
-DATASHEET: dict[str, dict[str, float]] = {
-    # NVIDIA H100 datasheet, SXM, dense (the sheet prints bf16/fp16 1979 and tf32 989 *with
-    # sparsity*; half of those here)
-    "h100-sxm": {"bfloat16": 989 * T, "float16": 989 * T, "tfloat32": 494.5 * T, "float32": 67 * T},
-    # NVIDIA H100 datasheet, PCIe, dense
-    "h100-pcie": {"bfloat16": 756 * T, "float16": 756 * T, "tfloat32": 378 * T, "float32": 51 * T},
-    # NVIDIA H100 datasheet, NVL, dense
-    "h100-nvl": {"bfloat16": 835.5 * T, "float16": 835.5 * T, "tfloat32": 417.5 * T, "float32": 60 * T},
-    # NVIDIA H200 datasheet, SXM, dense (same compute as H100 SXM, more and faster memory)
-    "h200-sxm": {"bfloat16": 989 * T, "float16": 989 * T, "tfloat32": 494.5 * T, "float32": 67 * T},
-    # NVIDIA H200 datasheet, NVL, dense
-    "h200-nvl": {"bfloat16": 835.5 * T, "float16": 835.5 * T, "tfloat32": 417.5 * T, "float32": 60 * T},
-    # NVIDIA A100 datasheet, dense (SXM and PCIe, 40 and 80 GB alike)
-    "a100": {"bfloat16": 312 * T, "float16": 312 * T, "tfloat32": 156 * T, "float32": 19.5 * T},
-    # NVIDIA L4 datasheet, dense (the sheet prints 242 / 120 with sparsity)
-    "l4": {"bfloat16": 121 * T, "float16": 121 * T, "tfloat32": 60 * T, "float32": 30.3 * T},
-    # NVIDIA A10 datasheet, dense. A10G is AWS's variant; NVIDIA publishes no sheet for it,
-    # so it shares these figures.
-    "a10": {"bfloat16": 125 * T, "float16": 125 * T, "tfloat32": 62.5 * T, "float32": 31.2 * T},
-    # NVIDIA V100 datasheet, SXM2 and PCIe (Volta: fp16 tensor cores, no bfloat16, no tf32)
-    "v100-sxm2": {"float16": 125 * T, "float32": 15.7 * T},
-    "v100-pcie": {"float16": 112 * T, "float32": 14 * T},
-    # Google Cloud TPU system architecture pages, bf16 peak per chip (the MXU has no
-    # published float16 or float32 rate)
-    "tpu-v4": {"bfloat16": 275 * T},
-    "tpu-v5e": {"bfloat16": 197 * T},
-    "tpu-v5p": {"bfloat16": 459 * T},
-    "tpu-v6e": {"bfloat16": 918 * T},  # Trillium
-}
+from jaxscale.costmodel.devices import PEAK_FLOPS as DATASHEET  # the one table of peaks
+
 DTYPES = ("bfloat16", "float16", "float32", "tfloat32")
 
 # JAX's device.device_kind -> DATASHEET key. The kind is split into lower-case words and

@@ -256,6 +256,16 @@ def ring_bytes_sent(hlo_text: str, k: int | None = None, skip_scalars: bool = Tr
                      .values()))
 
 
+def group_size(c: Collective, n_devices: int) -> int:
+    """Devices one collective joins: its replica group's size (every device when it has
+    none written), 2 for a permute with pairs; 1 means nothing leaves the device."""
+    if c.op == "collective-permute":
+        return 2 if any(s != t for s, t in c.pairs) else 1
+    if c.groups is None:
+        return n_devices
+    return len(c.groups[0]) if c.groups else 1
+
+
 def ring_bytes_by_op(hlo_text: str, branch_share: dict[int, float] | None = None,
                      skip_scalars: bool = True, n_devices: int | None = None,
                      device_process: list[int] | None = None) -> dict[str, float]:

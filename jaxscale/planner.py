@@ -1,69 +1,78 @@
-"""Choose a dp x tp x pp x ZeRO layout for a model on a cluster, from closed forms only.
+"""Choose a layout for a model on a cluster: search, keep what fits, rank by predicted step time.
 
-The rules, in the order they are applied (RULES says the same in words):
+The rules (RULES says the same in words):
 
- 1. Every factorisation devices = dp x tp x pp is a candidate.
- 2. Tensor parallelism stays inside a node (it all-reduces activations in every layer, on
-    the critical path): tp divides the node size. It splits attention by heads: tp divides
-    heads. Pipeline stages hold whole layers: pp divides layers. Each data-parallel replica
-    gets whole micro-batches: dp x micro_batch divides the global batch.
- 3. The pipeline bubble (p-1)/(m+p-1), m = batch / (dp x micro_batch) micro-batches per
-    replica, must not exceed max_bubble (lecture 13 exercise 3 uses 10%).
- 4. Memory per device (see layout_memory) must fit in usable x device memory. For each
-    (dp, tp, pp) the first option that fits is kept, in the order ZeRO 0, 1, 2, 3 without
-    recomputation, then ZeRO 0, 1, 2, 3 with it: the smallest ZeRO stage that fits, and
-    recomputation (a third more compute) only when nothing fits without it.
- 5. Placement: tp innermost (one node, NVLink), then pp, then dp outermost. A pipeline hop
-    is inside a node if tp x pp <= node size, else across nodes (InfiniBand); the dp
-    gradient all-reduce is across nodes whenever the job spans more than one node.
- 6. Fitting layouts are ranked by communication time per step (layout_comm: TP + PP + DP,
-    summed, no overlap with compute assumed), then by bubble, then fewer tp; the first is
-    recommended. Rejected candidates are counted by the first rule they break.
+ 1. Candidates: every devices = dp x tp x pp x cp, with v chunks per pipeline device
+    (interleaved 1F1B), ZeRO 0-3, recompute none / selective / full and micro-batch sizes
+    1, 2, 4, 8 (those dividing a replica's batch). Sequence parallelism is on whenever
+    tp > 1: in this model it costs no time (the same bytes as tp's all-reduces) and saves
+    memory.
+ 2. Structure: tp divides the node size (it is on the critical path of every layer) and the
+    heads; pp x v divides the layers; cp divides the sequence; dp x micro-batch divides the
+    batch; interleaving needs m divisible by pp (Megatron's rule); ZeRO needs dp > 1.
+ 3. Memory (costmodel.layout.memory: states with the byte budget and ZeRO, the gathered
+    layer, activations on the first stage) <= usable x device memory.
+ 4. Optional cap on the pipeline bubble (p-1)/(v m), Narayanan et al.'s definition.
+ 5. Degrees the user fixes (`fixed`, e.g. dp = 1 as in Korthikanti et al.'s runs) narrow
+    rule 1; they are not counted as rejections. `considered` and the rejections count
+    meshes (dp, tp, pp, cp): a mesh is rejected when none of its options survives, for
+    the latest rule its options broke (memory before batch before structure).
+ 6. Rank by predicted step time (costmodel.steptime), then by memory; the first is
+    recommended.
 
-This is a teaching model: embeddings, logits, temporary buffers and fragmentation are left
-to the (1 - usable) reserve; compute time and overlap are not modelled.
+The published layouts this is checked against are in jaxscale.costmodel.published
+(tests/test_planner.py, experiments/cost_model.py).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from jaxscale import costmodel as cm
+from jaxscale.costmodel.devices import Device
+from jaxscale.costmodel.layout import Layout, memory
+from jaxscale.costmodel.shape import Transformer
+from jaxscale.costmodel.steptime import step_time
 
-# Published shapes (layers, hidden, heads) and parameter counts, to assume a shape when
-# only a parameter count is given. Dense attention + 4h MLP is assumed for all of them.
-REFERENCE_SHAPES = {
-    "GPT-3 XL": (1.3e9, 24, 2048, 24),
-    "Llama-2-7B": (6.74e9, 32, 4096, 32),
-    "Llama-2-13B": (13.0e9, 40, 5120, 40),
-    "LLaMA-33B": (32.5e9, 60, 6656, 52),
-    "Llama-2-70B": (69e9, 80, 8192, 64),
-    "GPT-3 175B": (175e9, 96, 12288, 96),
-    "MT-NLG 530B": (530e9, 105, 20480, 128),
+# Published shapes and counts. GPT-style models: 4h MLP, tied embeddings, vocab 51,200 as in
+# Narayanan et al. and Korthikanti et al.; Llama-2: SwiGLU, untied, GQA for 70B.
+REFERENCES: dict[str, tuple[float, Transformer]] = {
+    "Llama-2-7B": (6.74e9, Transformer(32, 4096, 32, 4096, ffn=11008, vocab=32000,
+                                        swiglu=True, tied=False)),
+    "Llama-2-13B": (13.0e9, Transformer(40, 5120, 40, 4096, ffn=13824, vocab=32000,
+                                         swiglu=True, tied=False)),
+    "Llama-2-70B": (69e9, Transformer(80, 8192, 64, 4096, ffn=28672, kv_heads=8, vocab=32000,
+                                       swiglu=True, tied=False)),
+    "Korthikanti 22B": (22e9, Transformer(48, 6144, 64, 2048, vocab=51200)),
+    "GPT-3 175B": (175e9, Transformer(96, 12288, 96, 2048, vocab=51200)),
+    "MT-NLG 530B": (530e9, Transformer(105, 20480, 128, 2048, vocab=51200)),
+    "Megatron 1T": (1e12, Transformer(128, 25600, 160, 2048, vocab=51200)),
 }
 
-RULES = [  # the docstring's rules, one line each (printed by `jaxscale plan`)
-    "every factorisation devices = dp x tp x pp is a candidate",
-    ("tp divides the node size (tensor parallelism stays inside a node) and the heads; pp "
-     "divides the layers; dp x micro-batch divides the global batch"),
-    "pipeline bubble (p-1)/(m+p-1) <= max bubble",
-    ("memory per device <= usable fraction x device memory: smallest ZeRO stage that fits, "
-     "recomputation only if nothing fits without it"),
-    ("placement: tp inside a node (intra-node link), pp next (inter-node link once tp x pp > "
-     "node size), dp outermost (inter-node link once the job spans nodes)"),
-    "rank by communication time per step (TP + PP + DP), then bubble, then smaller tp",
+RULES = [
+    ("candidates: devices = dp x tp x pp x cp, v chunks per pipeline device, ZeRO 0-3, "
+     "recompute none/selective/full, micro-batch 1/2/4/8; sequence parallelism whenever tp > 1"),
+    ("structure: tp divides the node size and the heads; pp x v divides the layers; cp divides "
+     "the sequence; dp x micro-batch divides the batch; interleaving needs m % pp == 0; "
+     "ZeRO needs dp > 1"),
+    "memory per device (states, gathered layer, first-stage activations) <= usable x memory",
+    "pipeline bubble (p-1)/(v m) <= max bubble, when a cap is given",
+    "rank by predicted step time (compute, bubble, tp, pp, exposed cp and dp), then memory",
 ]
 
-REASONS = {  # rejection reason: key -> words
-    "tp_node": "tp does not divide the node size",
-    "tp_heads": "tp does not divide the heads",
-    "pp_layers": "pp does not divide the layers",
+REASONS = {
+    "tp": "tp does not divide the node size or the heads",
+    "pp": "pp x v does not divide the layers",
+    "cp": "cp does not divide the sequence",
     "batch": "dp x micro-batch does not divide the batch",
-    "bubble": "pipeline bubble above the maximum",
-    "memory": "does not fit even with ZeRO-3 and recomputation",
+    "interleave": "interleaving needs micro-batches divisible by pp",
+    "memory": "does not fit in memory",
+    "bubble": "pipeline bubble above the cap",
 }
 
-MEMORY_OPTIONS = [(z, False) for z in range(4)] + [(z, True) for z in range(4)]
+MICRO_BATCHES = (1, 2, 4, 8)
+FIXABLE = ("dp", "tp", "pp", "cp", "virtual", "zero", "micro_batch")
+RECOMPUTE = ("none", "selective", "full")
 
 
 def divisors(n: int) -> list[int]:
@@ -74,184 +83,178 @@ def divisors(n: int) -> list[int]:
 
 def describe_reference(name: str) -> str:
     """'Llama-2-7B (32 layers, h = 4096, 32 heads, 6.74e+09 parameters)'."""
-    params, layers, hidden, heads = REFERENCE_SHAPES[name]
-    return f"{name} ({layers} layers, h = {hidden}, {heads} heads, {params:.3g} parameters)"
+    params, s = REFERENCES[name]
+    return f"{name} ({s.layers} layers, h = {s.hidden}, {s.heads} heads, {params:.3g} parameters)"
 
 
-def nearest_reference(params: float) -> tuple[str, tuple]:
+def nearest_reference(params: float) -> tuple[str, Transformer]:
     """The reference model whose parameter count is nearest on a log scale."""
-    name = min(REFERENCE_SHAPES, key=lambda k: abs(math.log(REFERENCE_SHAPES[k][0] / params)))
-    return name, REFERENCE_SHAPES[name]
-
-
-def estimate_params(layers: int, hidden: int, ffn: int | None = None, vocab: int = 0) -> float:
-    """Weights of a dense transformer: L x (4h^2 attention + 2 h ffn MLP) + vocab x h."""
-    ffn = 4 * hidden if ffn is None else ffn
-    return layers * (4 * hidden * hidden + 2 * hidden * ffn) + vocab * hidden
+    name = min(REFERENCES, key=lambda k: abs(math.log(REFERENCES[k][0] / params)))
+    return name, REFERENCES[name][1]
 
 
 @dataclass(frozen=True)
-class Workload:
-    """The model and one training step: batch is global, in sequences of seq tokens."""
-    params: float
-    layers: int
-    hidden: int
-    heads: int
-    seq: int = 4096
-    batch: int = 256
-    micro_batch: int = 1
-    flash_attention: bool = False
-    grad_bytes: int = 2
-    act_bytes: int = 2
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """Devices in nodes of node_size; memory in bytes; links in bytes/s per device."""
+class Job:
+    """The model, the step and the cluster: what the planner is asked about."""
+    shape: Transformer
+    batch: int  # global, in sequences
     devices: int
-    node_size: int = 8
-    memory: float = 80e9
+    device: Device
     usable: float = 0.9
-    intra: float = cm.LINKS["nvlink"]
-    inter: float = cm.LINKS["infiniband"]
-    max_bubble: float = 0.1
+    efficiency: float = 0.7
+    budget: str = "mixed-adam"
+    flash_attention: bool = False
+    dropout: bool = True
+    max_bubble: float | None = None
+    max_cp: int = 8
+    max_virtual: int = 8
+    micro_batches: tuple[int, ...] = field(default=MICRO_BATCHES)
+    fixed: tuple[tuple[str, int], ...] = ()  # degrees held fixed, e.g. (("dp", 1),)
+    # the toolbox: what the training system offers (a 2021 Megatron had no sequence
+    # parallelism, no selective recompute and no sharded optimizer)
+    recompute: tuple[str, ...] = RECOMPUTE
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    sequence_parallel: bool = True
 
 
-@dataclass(frozen=True)
-class Layout:
-    dp: int
-    tp: int
-    pp: int
-    zero_stage: int = 0
-    recompute: bool = False
-
-
-def check(w: Workload, c: Cluster) -> None:
+def check(job: Job) -> None:
     """Refuse inputs no layout could mean, naming the value and what would work."""
-    for name in ("layers", "hidden", "heads", "seq", "batch", "micro_batch"):
-        if getattr(w, name) < 1:
-            raise cm.CostModelError(f"{name} must be >= 1, got {getattr(w, name)}")
-    if not w.params > 0:
-        raise cm.CostModelError(f"params must be > 0, got {w.params}")
-    if w.hidden % w.heads:
-        raise cm.CostModelError(f"hidden {w.hidden} is not divisible by heads {w.heads}")
-    if c.devices < 1 or c.node_size < 1 or not c.memory > 0:
-        raise cm.CostModelError(f"need devices, node size >= 1 and memory > 0, got "
-                                f"{c.devices}, {c.node_size}, {c.memory}")
-    if c.devices > c.node_size and c.devices % c.node_size:
-        raise cm.CostModelError(f"{c.devices} devices do not fill whole nodes of {c.node_size}: "
-                                f"use a multiple of {c.node_size}")
-    if not 0 < c.usable <= 1 or not 0 <= c.max_bubble < 1:
-        raise cm.CostModelError(f"need 0 < usable <= 1 and 0 <= max bubble < 1, got "
-                                f"{c.usable}, {c.max_bubble}")
+    if job.devices < 1 or job.batch < 1:
+        raise cm.CostModelError(f"need devices and batch >= 1, got {job.devices}, {job.batch}")
+    n = job.device.node_size
+    if job.devices > n and job.devices % n:
+        raise cm.CostModelError(f"{job.devices} devices do not fill whole nodes of {n}: "
+                                f"use a multiple of {n}")
+    if not 0 < job.usable <= 1 or not 0 < job.efficiency <= 1:
+        raise cm.CostModelError(f"usable and efficiency are fractions in (0, 1], got "
+                                f"{job.usable}, {job.efficiency}")
+    for k, x in job.fixed:
+        if k not in FIXABLE or x < (0 if k == "zero" else 1) or (k == "zero" and x > 3):
+            raise cm.CostModelError(f"cannot fix {k}={x}: fix one of {', '.join(FIXABLE)} to "
+                                    "a whole number >= 1 (zero: 0-3)")
+    if job.max_bubble is not None and not 0 <= job.max_bubble:
+        raise cm.CostModelError(f"max bubble must be >= 0, got {job.max_bubble}")
 
 
-def micro_batches(w: Workload, dp: int) -> int:
-    return w.batch // (dp * w.micro_batch)
-
-
-def layout_memory(w: Workload, c: Cluster, lay: Layout) -> dict[str, float]:
-    """Bytes per device: model states, ZeRO-3's gathered layer, activations (1F1B).
-
-    States: the tp x pp model-parallel shard (params / (tp pp)) under ZeRO over dp. ZeRO-3
-    also holds one gathered layer of 16-bit parameters while it computes. Activations: a
-    stage of L/pp layers keeps min(m, pp) micro-batches in flight under 1F1B (one when
-    pp = 1: gradient accumulation), each layer's by Korthikanti with tp; with recomputation
-    only each layer's input per micro-batch in flight plus one layer being recomputed.
-    """
-    shard = w.params / (lay.tp * lay.pp)
-    states = cm.model_state_bytes(shard, lay.dp, lay.zero_stage)
-    gathered = 2 * w.params / (w.layers * lay.tp) if lay.zero_stage == 3 and lay.dp > 1 else 0.0
-    here = w.layers // lay.pp
-    in_flight = min(micro_batches(w, lay.dp), lay.pp)
-    one = cm.activation_bytes_per_layer(w.seq, w.micro_batch, w.hidden, w.heads,
-                                        w.flash_attention, lay.tp)
-    if lay.recompute:
-        acts = here * in_flight * 2 * w.seq * w.micro_batch * w.hidden + one
-    else:
-        acts = here * in_flight * one
-    out = {"params": states["params"], "grads": states["grads"],
-           "optimizer": states["optimizer"], "zero3_gathered_layer": gathered,
-           "activations": acts}
-    out["total"] = sum(out.values())
-    return out
-
-
-def layout_comm(w: Workload, c: Cluster, lay: Layout) -> dict:
-    """Bytes each device sends per step, and seconds on its link, for TP, PP and DP."""
-    replica_batch = w.batch // lay.dp
-    tp = cm.tp_step_volume(w.layers // lay.pp, w.seq, replica_batch, w.hidden, lay.tp,
-                           w.act_bytes, lay.recompute)["ring_bytes_per_device"]
-    pp = cm.pp_step_volume(w.seq, replica_batch, w.hidden, lay.pp, w.act_bytes)[
-        "max_bytes_per_device"]
-    grads = w.params / (lay.tp * lay.pp) * w.grad_bytes
-    dp = cm.ring_all_reduce_bytes(grads, lay.dp) * (1.5 if lay.zero_stage == 3 else 1.0)
-    pp_link = c.intra if lay.tp * lay.pp <= c.node_size else c.inter
-    dp_link = c.intra if c.devices <= c.node_size else c.inter
-    out = {"tp_bytes": tp, "tp_seconds": tp / c.intra,
-           "pp_bytes": pp, "pp_seconds": pp / pp_link, "pp_across_nodes": pp_link == c.inter,
-           "dp_bytes": dp, "dp_seconds": dp / dp_link, "dp_across_nodes": dp_link == c.inter}
-    out["seconds"] = out["tp_seconds"] + out["pp_seconds"] + out["dp_seconds"]
-    return out
-
-
-def structural_reason(w: Workload, c: Cluster, dp: int, tp: int, pp: int) -> str | None:
-    """The first of rules 2-3 that (dp, tp, pp) breaks, as a REASONS key; None if none.
-
-    (Rule 3's m: with dp x micro_batch dividing the batch, m = batch / (dp x micro_batch).)
-    """
-    if c.node_size % tp:
-        return "tp_node"
-    if w.heads % tp:
-        return "tp_heads"
-    if w.layers % pp:
-        return "pp_layers"
-    if w.batch % (dp * w.micro_batch):
-        return "batch"
-    if cm.bubble_fraction(pp, micro_batches(w, dp)) > c.max_bubble:
-        return "bubble"
+def mesh_reason(job: Job, tp: int, pp: int, cp: int) -> str | None:
+    """The first of rule 2's mesh conditions that (tp, pp, cp) breaks; None if none."""
+    s = job.shape
+    if job.device.node_size % tp or s.heads % tp or s.kv % tp:
+        return "tp"
+    if s.layers % pp:
+        return "pp"
+    if s.seq % cp:
+        return "cp"
     return None
 
 
-def evaluate(w: Workload, c: Cluster, lay: Layout) -> dict:
-    """One layout's row: its degrees, memory, communication and bubble."""
-    mem = layout_memory(w, c, lay)
-    return {**asdict(lay), "micro_batches": micro_batches(w, lay.dp),
-            "bubble": cm.bubble_fraction(lay.pp, micro_batches(w, lay.dp)),
-            "memory": mem, "of_device": mem["total"] / c.memory,
-            "fits": mem["total"] <= c.usable * c.memory,
-            "comm": layout_comm(w, c, lay)}
+def structural_reason(job: Job, lay: Layout) -> str | None:
+    """The first of rule 2's conditions that `lay` breaks, as a REASONS key; None if none."""
+    reason = mesh_reason(job, lay.tp, lay.pp, lay.cp)
+    if reason:
+        return reason
+    if job.shape.layers % (lay.pp * lay.virtual):
+        return "pp"
+    if job.batch % (lay.dp * lay.micro_batch):
+        return "batch"
+    if lay.virtual > 1 and lay.micro_batches(job.batch) % lay.pp:
+        return "interleave"
+    return None
 
 
-def plan(w: Workload, c: Cluster, top: int = 5) -> dict:
-    """Enumerate, filter by RULES, rank; the recommendation, alternatives and rejections.
+def evaluate(job: Job, lay: Layout) -> dict:
+    """One layout's row: degrees, memory, predicted time, whether it fits."""
+    mem = memory(job.shape, lay, job.batch, job.budget, "none", job.flash_attention,
+                 job.dropout)
+    t = step_time(job.shape, lay, job.batch, job.device, job.efficiency, job.budget)
+    return {"layout": lay.as_dict(), "name": lay.name(), "micro_batches":
+            lay.micro_batches(job.batch), "memory": mem, "of_device": mem["total"] /
+            job.device.memory, "fits": mem["total"] <= job.usable * job.device.memory,
+            "time": t}
 
-    closest_memory_miss is the layout that came nearest to fitting (ZeRO-3 with
-    recomputation, least memory) among those rejected for memory alone.
-    """
-    check(w, c)
+
+def _fixed_ok(job: Job, **degrees) -> bool:
+    return all(degrees[k] == x for k, x in job.fixed if k in degrees)
+
+
+def meshes(job: Job):
+    """Every devices = dp x tp x pp x cp (cp <= max_cp) that the fixed degrees allow."""
+    for tp in divisors(job.devices):
+        for cp in (c for c in divisors(job.devices // tp) if c <= job.max_cp):
+            for pp in divisors(job.devices // (tp * cp)):
+                dp = job.devices // (tp * cp * pp)
+                if _fixed_ok(job, dp=dp, tp=tp, pp=pp, cp=cp):
+                    yield dp, tp, pp, cp
+
+
+def options(job: Job, dp: int, tp: int, pp: int, cp: int):
+    """Rule 1's options on one mesh: v (pp > 1), micro-batch, ZeRO (dp > 1), recompute."""
+    vs = [v for v in divisors(job.shape.layers // pp) if v <= job.max_virtual] if pp > 1 else [1]
+    sp = tp > 1 and job.sequence_parallel
+    for v in vs:
+        for mb in job.micro_batches:
+            for zero in job.zero_stages if dp > 1 else (0,):
+                for rc in job.recompute:
+                    lay = Layout(dp, tp, pp, cp, v, sp, zero, rc, mb)
+                    if _fixed_ok(job, virtual=v, micro_batch=mb, zero=zero):
+                        yield lay
+
+
+def search(job: Job) -> dict:
+    """Rules 1-5 over every mesh: the fitting rows (unsorted), rejections per mesh, the
+    closest memory miss. A mesh is rejected when none of its options fits, for the reason
+    that came last in the rules (memory before batch before structure)."""
+    check(job)
     fitting, rejected, considered, closest = [], {}, 0, None
-    factors = divisors(c.devices)
-    for tp in factors:
-        for pp in (d for d in factors if (c.devices // tp) % d == 0):
-            dp = c.devices // (tp * pp)
-            considered += 1
-            reason = structural_reason(w, c, dp, tp, pp)
-            if reason is None:
-                for z, rc in MEMORY_OPTIONS:  # the first option that fits (rule 4)
-                    row = evaluate(w, c, Layout(dp, tp, pp, z, rc))
-                    if row["fits"]:
-                        fitting.append(row)
-                        break
-                else:  # row is ZeRO-3 with recomputation, the least memory on offer
-                    reason = "memory"
-                    if closest is None or row["memory"]["total"] < closest["memory"]["total"]:
-                        closest = row
-            if reason:
-                rejected[REASONS[reason]] = rejected.get(REASONS[reason], 0) + 1
-    fitting.sort(key=lambda r: (r["comm"]["seconds"], r["bubble"], r["tp"], r["pp"]))
-    return {"workload": asdict(w), "cluster": asdict(c), "rules": RULES,
-            "considered": considered, "fitting": len(fitting),
+    for dp, tp, pp, cp in meshes(job):
+        considered += 1
+        reason = mesh_reason(job, tp, pp, cp)
+        kept, why = 0, set()
+        for lay in () if reason else options(job, dp, tp, pp, cp):
+            r = structural_reason(job, lay)
+            if r:
+                why.add(r)
+                continue
+            row = evaluate(job, lay)
+            if not row["fits"]:
+                why.add("memory")
+                if closest is None or row["memory"]["total"] < closest["memory"]["total"]:
+                    closest = row
+            elif job.max_bubble is not None and row["time"]["bubble_fraction"] > job.max_bubble:
+                why.add("bubble")
+            else:
+                fitting.append(row)
+                kept += 1
+        if not kept and (reason or why):  # a mesh the fixed degrees left no option on
+            reason = reason or next(r for r in ("bubble", "memory", "interleave", "batch", "pp")
+                                    if r in why)
+            rejected[REASONS[reason]] = rejected.get(REASONS[reason], 0) + 1
+    return {"rows": fitting, "considered": considered, "rejected": rejected,
+            "closest": closest}
+
+
+def plan(job: Job, top: int = 5) -> dict:
+    """Search, filter by RULES, rank; the recommendation, the next `top`, the rejections.
+    `considered` and `rejected` count meshes (dp, tp, pp, cp); `fitting` counts layouts."""
+    found = search(job)
+    fitting = sorted(found["rows"], key=lambda r: (r["time"]["step"], r["memory"]["total"]))
+    return {"job": {**asdict(job), "shape": job.shape.as_dict(), "device": job.device.as_dict()},
+            "rules": RULES, "considered": found["considered"], "fitting": len(fitting),
             "recommended": fitting[0] if fitting else None,
-            "alternatives": fitting[1:1 + top], "rejected": rejected,
-            "closest_memory_miss": closest}
+            "alternatives": fitting[1:1 + top], "rejected": found["rejected"],
+            "closest_memory_miss": found["closest"] if not fitting else None}
+
+
+def ranked(job: Job) -> list[dict]:
+    """Every fitting row, fastest first (plan() keeps only the top; tests read the ranks)."""
+    return sorted(search(job)["rows"], key=lambda r: (r["time"]["step"], r["memory"]["total"]))
+
+
+def rank_of(rows: list[dict], **degrees) -> int | None:
+    """1-based rank of the best row whose layout has these degrees (e.g. tp=8, pp=8)."""
+    for i, r in enumerate(rows, 1):
+        if all(r["layout"][k] == v for k, v in degrees.items()):
+            return i
+    return None
+
+

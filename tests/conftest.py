@@ -101,6 +101,21 @@ def one_step(model: str, **plan):
 
 
 @pytest.fixture
+def fail(capsys):
+    """Run `jaxscale ARGS` expecting bad input: one line on stderr, exit code 2; the line."""
+    from jaxscale.cli import main
+
+    def run(*argv):
+        with pytest.raises(SystemExit) as e:
+            main(list(argv))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2, err
+        assert len(err.splitlines()) == 1 and err.startswith("jaxscale: error: "), err
+        return err
+    return run
+
+
+@pytest.fixture
 def cli(capsys):
     """Run `jaxscale ARGS` in-process; returns the parsed JSON with --json, else stdout."""
     import json

@@ -41,6 +41,13 @@ def test_compare_on_four_devices_end_to_end(tmp_path):
                                                            rel=1e-12), (row["name"], op)
     pp = next(row for row in res["rows"] if row["name"] == "pp")
     assert pp["idle_schedule"] == pytest.approx(pp["idle_formula"], abs=1e-12)  # 1/(4+1)
+    tm = res["time_model"]  # the calibrated step-time prediction, on every row
+    assert tm["rows"] == 9 and -1 <= tm["rank_agreement"] <= 1
+    assert tm["calibration"]["flops_per_s"] > 0 and tm["calibration"]["bytes_per_s"] > 0
+    for row in res["rows"]:
+        p = row["step_predicted"]
+        assert p["step_s"] == pytest.approx(p["compute_s"] + p["comm_s"])
+        assert (p["comm_s"] > 0) == (row["sent_predicted_total"] > 0), row["name"]
     for name in ("compare.json", "compare.md", "memory.png", "bytes.png", "losses.png"):
         assert (tmp_path / name).stat().st_size > 100
     assert "| zero3 | dp=4 ZeRO-3 |" in (tmp_path / "compare.md").read_text()

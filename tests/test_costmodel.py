@@ -147,14 +147,18 @@ def test_day4_group7_dp_and_tp_volumes_and_times():
     assert round(GIB / cm.link_bandwidth("25")[1] * 1e3) == 43
 
 
-def test_bubble_fraction_and_exercise_3():
-    assert cm.bubble_fraction(8, 16) == 7 / 23  # day 4 self-test: 30.4%
-    assert round(100 * cm.bubble_fraction(8, 16), 1) == 30.4
-    assert cm.bubble_fraction(1, 5) == 0.0
-    need = {p: next(m for m in range(1, 1000) if cm.bubble_fraction(p, m) <= 0.1) for p in (4, 8)}
+def test_bubble_two_definitions_and_exercise_3():
+    assert cm.bubble_over_total(8, 16) == 7 / 23  # day 4 self-test: 30.4%
+    assert round(100 * cm.bubble_over_total(8, 16), 1) == 30.4
+    assert cm.bubble_over_total(1, 5) == 0.0
+    need = {p: next(m for m in range(1, 1000) if cm.bubble_over_total(p, m) <= 0.1) for p in (4, 8)}
     assert need == {4: 9 * 3, 8: 9 * 7}  # m >= 9(p - 1): 27 and 63
     with pytest.raises(cm.CostModelError, match="micro_batches=0"):
-        cm.bubble_fraction(4, 0)
+        cm.bubble_over_total(4, 0)
+    # Narayanan et al.: (p-1)/m for 1F1B, (p-1)/(v m) interleaved, over the ideal time
+    assert cm.bubble_over_ideal(8, 16) == 7 / 16 and cm.bubble_over_ideal(8, 16, 2) == 7 / 32
+    b = cm.bubble_over_total(8, 16, 2)  # the same pipeline, over the whole time
+    assert b == 7 / 39 and cm.bubble_over_ideal(8, 16, 2) == pytest.approx(b / (1 - b))
 
 
 def test_lora_adapters_and_finetune_bytes():

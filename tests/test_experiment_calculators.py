@@ -87,3 +87,18 @@ def test_failures_experiment_measured_delta(tmp_path, capsys):
     assert sync["young_interval_minutes"] < rows["lecture"]["young_interval_minutes"]
     assert d["measured"]["state_bytes"] > 0
     assert list(tmp_path.iterdir()) == [tmp_path / "results.json"]  # the checkpoints are gone
+
+
+def test_cost_model_experiment(tmp_path, capsys):
+    """experiments.cost_model: the published figures next to ours, every part."""
+    from experiments.cost_model import main
+    res = _run(main, tmp_path, capsys)
+    assert all(r["rounds_to_published"] for r in res["b"]["table1"])
+    assert all(0.7 < r["ratio"] < 1.0 for r in res["a"]["table5"])
+    assert [round(r["reduction"], 2) for r in res["a"]["activations"]][1] == 5.41
+    ranks = {(r["paper"], r["model"]): r["rank"] for r in res["d"]["ranks"]}
+    assert ranks[("Korthikanti", "530B")] == ranks[("Korthikanti", "1T")] == 1
+    assert all(ranks[("Narayanan", m)] <= 3 for m in ("76.1B", "145.6B", "310.1B", "529.6B",
+                                                       "1008.0B"))
+    assert round(res["c"]["estimates"]["gpt3_8TP_days"]) == 34
+    assert {r["published"]: round(r["ours"]) for r in res["e"]["rows"]}["377"] == 378

@@ -28,9 +28,11 @@ def finish(result: dict) -> None:
         p = r["predicted"]
         r["states_predicted"] = p["states"]["params"] + p["states"]["optimizer"] if p else None
         r["sent_predicted_total"] = sum(p["sent"].values()) if p else None
+    from jaxscale import model as modellib
+    from jaxscale.commands.compare_time import add_predictions
+    add_predictions(result, modellib.preset(result["model"]))
     if not multiprocess(result):
         return
-    from jaxscale import model as modellib
     procs, cfg = _device_process(result), modellib.preset(result["model"])
     for r in rows:
         cross = r.get("sent_cross_process")
@@ -158,7 +160,7 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     cross = multiprocess(result)
     cols = ["strategy", "mesh", "max dloss", "ok", "states/dev", "pred", "temps", "sent/step",
             "pred", *(["cross-proc/step", "pred"] if cross else []), "compile",
-            "step (quartiles)", "x 1 dev", "idle: schedule/formula"]
+            "step (quartiles)", "x 1 dev", "step pred", "meas/pred", "idle: schedule/formula"]
     rows = []
     for r in result["rows"]:
         if r["status"] != "ok":
@@ -177,7 +179,9 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
                        if cross else []),
                      f"{r['compile_s']:.1f} s {'(cache)' if r['compile_source'] == 'cache' else ''}"
                      .strip(), step, "-" if r["step_ratio"] is None else f"{r['step_ratio']:.2f}",
-                     idle])
+                     "-" if not r.get("step_s_predicted") else f"{r['step_s_predicted'] * 1e3:.2g} ms",
+                     "-" if not r.get("step_measured_over_predicted")
+                     else f"{r['step_measured_over_predicted']:.3g}", idle])
     return cols, rows
 
 
@@ -202,6 +206,20 @@ def notes(result: dict) -> list[str]:
     out.append(f"step times: median (quartiles) of the timed repeats; the {result['devices']} "
                f"forced CPU devices share this host's {result['cores']} cores, so ratios to "
                "one device measure overheads, not speed-ups")
+    tm = result.get("time_model") or {}
+    cal = tm.get("calibration")
+    if cal and tm.get("rows"):
+        link = (f", all-reduce {cal['bytes_per_s'] / 1e9:.3g} GB/s per device and "
+                f"{cal['latency_s'] * 1e6:.3g} us per collective"
+                if cal.get("bytes_per_s") else "")
+        rho = tm["rank_agreement"]
+        out.append(f"step pred: FLOPs / {cal['flops_per_s'] / 1e9:.3g} GFLOP/s (a {cal['matmul_n']}"
+                   f"-wide matmul, measured) + the HLO's collectives x latency + predicted "
+                   f"bytes / the measured link{link}; "
+                   f"measured / predicted median {tm['median_measured_over_predicted']:.3g} "
+                   "(dispatch and small ops, which the model does not count)"
+                   + ("" if rho is None else f"; rank agreement (Spearman) {rho:.2f} over "
+                      f"{tm['rows']} strategies"))
     if multiprocess(result):
         out.append(CROSS_NOTE.format(processes=result.get("processes") or "several"))
     return out

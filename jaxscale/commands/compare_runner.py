@@ -224,6 +224,10 @@ def worker() -> int:
     corpus = garden.make_corpus(0, seq_len=cfg.seq_len)
     batches = StepBatches(corpus.train, spec["batch_size"], cfg.seq_len, seed=1,
                           steps=spec["steps"])  # each process builds only its rows
+    calibration = None
+    if spec.get("time_model", True) and jax.process_count() == 1:
+        from jaxscale.commands.compare_time import calibrate
+        calibration = calibrate(devices[:spec["devices"]])  # the rate and the links it runs on
     for s in spec["strategies"]:
         plan = Plan(**s["plan"])
         emit(event="start", name=s["name"], mesh=mesh_label(s["plan"]))
@@ -240,6 +244,7 @@ def worker() -> int:
                                os.path.join(where, s["name"].replace("/", "_")))
             row["predicted"] = (predict(cfg, plan, (spec["batch_size"], cfg.seq_len))
                                 if predictable(plan) else None)
+            row["calibration"] = calibration
             if spec.get("save_params"):
                 row["params_file"] = _save_params(row, spec["save_params"], me)
         except Exception as e:  # noqa: BLE001 - one strategy's error must not end the others

@@ -65,11 +65,15 @@ def add_shape_options(p, batch_help: str, seq_default: int, batch_default: int) 
                    help=f"take the shape (and parameter count) from a jaxscale.model preset: "
                         f"{'; '.join(preset_summary(k) for k in PRESETS)}. Explicit options "
                         "below override it")
-    for flag, what in (("--layers", "transformer layers L"), ("--hidden", "hidden size h"),
-                       ("--heads", "attention heads a (must divide h)"),
-                       ("--ffn", "MLP inner size (default 4h)"),
-                       ("--vocab", "vocabulary size")):
-        p.add_argument(flag, type=size_arg(), default=None, metavar="N", help=what)
+    for flags, what in ((("--layers",), "transformer layers L"), (("--hidden",), "hidden size h"),
+                        (("--heads",), "attention heads a (must divide h)"),
+                        (("--ffn", "--d-ff"), "MLP inner size f (default 4h)"),
+                        (("--kv-heads",), "key/value heads for grouped-query attention "
+                                          "(default: the heads)"),
+                        (("--vocab",), "vocabulary size")):
+        p.add_argument(*flags, type=size_arg(), default=None, metavar="N", help=what)
+    p.add_argument("--swiglu", action="store_true",
+                   help="a gated MLP (Llama): three h x f matrices and one more f-wide activation")
     p.add_argument("--seq", type=size_arg(), default=None, metavar="S",
                    help=f"sequence length s (default the preset's, else {seq_default})")
     p.add_argument("--batch", type=size_arg(), default=batch_default, metavar="B",
@@ -91,8 +95,10 @@ def model_shape(args, seq_default: int, require: tuple[str, ...] = ("layers", "h
         shape = {"layers": cfg.n_layers, "hidden": cfg.d_model, "heads": cfg.n_heads,
                  "ffn": cfg.d_ff, "vocab": cfg.vocab_size, "seq": cfg.seq_len,
                  "params": float(param_count(cfg)), "source": f"preset {args.model}"}
-    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq")
-             if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "kv_heads",
+                                           "vocab", "seq") if getattr(args, k) is not None}
+    if args.swiglu:
+        given["swiglu"] = True
     if not shape and not {"layers", "hidden", "heads"} & set(given):
         orphans = [f"--{k}" for k in given if k not in without_shape]
         if orphans:
@@ -108,17 +114,30 @@ def model_shape(args, seq_default: int, require: tuple[str, ...] = ("layers", "h
     if shape["heads"] and shape["hidden"] % shape["heads"]:
         raise cm.CostModelError(f"--hidden {shape['hidden']} is not divisible by --heads "
                                 f"{shape['heads']}: pick heads dividing the hidden size")
+    if shape.get("kv_heads") and shape["heads"] and shape["heads"] % shape["kv_heads"]:
+        raise cm.CostModelError(f"--kv-heads {shape['kv_heads']} does not divide --heads "
+                                f"{shape['heads']}: pick a divisor of the heads")
     shape.setdefault("ffn", 4 * shape["hidden"])
+    shape.setdefault("kv_heads", None)
+    shape.setdefault("swiglu", False)
     shape.setdefault("vocab", None)
     shape.setdefault("seq", seq_default)
-    if "params" not in shape or {"layers", "hidden", "ffn", "vocab"} & set(given):
-        from jaxscale.planner import estimate_params
-        shape["params"] = estimate_params(shape["layers"], shape["hidden"], shape["ffn"],
-                                          shape["vocab"] or 0)
-        shape["params_source"] = "estimated from the shape: L(4h^2 + 2h ffn) + vocab h"
+    if "params" not in shape or {"layers", "hidden", "ffn", "vocab", "kv_heads",
+                                 "swiglu"} & set(given):
+        shape["params"] = float(transformer(shape).params())
+        shape["params_source"] = ("estimated from the shape: L(2h^2 + 2h h_kv + n h ffn) + "
+                                  "vocab h (n = 2, 3 with SwiGLU)")
     else:
         shape["params_source"] = f"{shape['source']}'s count"
     return shape
+
+
+def transformer(shape: dict):
+    """The cost model's record of a shape dict (heads default to 1 when a caller has none)."""
+    from jaxscale.costmodel.shape import Transformer
+    return Transformer(shape["layers"], shape["hidden"], shape["heads"] or 1, shape["seq"],
+                       ffn=shape["ffn"], kv_heads=shape.get("kv_heads"),
+                       vocab=shape["vocab"] or 0, swiglu=shape.get("swiglu", False))
 
 
 def resolve_params(args, shape: dict | None) -> tuple[float, str]:
@@ -179,15 +198,21 @@ def table(title: str, columns: list[str], rows: list[list]) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser("memory", help="bytes per device: model states under ZeRO, "
                               "activations, recomputation, LoRA/QLoRA", description=(
-        "Memory per device of training a transformer, from closed forms. Model states: "
+        "Memory per device of training a transformer, from closed forms (jaxscale.costmodel). "
+        "Model states: "
         "parameters, gradients and Adam state per device for DDP and ZeRO stages 1-3, "
         "mixed precision (2 + 2 + 12 bytes per parameter: bf16 weights and gradients, fp32 "
         "master weights, m and v) and all-fp32 (4 + 4 + 8). With a model shape: activations "
         "per layer and in total by Korthikanti et al. 2022, s*b*h*(34 + 5*a*s/h) bytes per "
         "layer (34*s*b*h with flash attention), and with per-layer recomputation (each "
         "layer's input, 2*s*b*h, plus one layer). With --lora-rank / --qlora: fine-tuning "
-        "with a frozen bf16 (LoRA) or NF4 (QLoRA) base and Adam-trained adapters. GB = 1e9 "
-        "bytes, GiB = 2^30."))
+        "with a frozen bf16 (LoRA) or NF4 (QLoRA) base and Adam-trained adapters. Then one "
+        "device of a layout (--tp, --sequence-parallel, --pp, --virtual, --cp): Korthikanti et "
+        "al.'s equations 1-6 at that tp, the first pipeline stage's activations, the states "
+        "under a byte budget (--bytes-per-param) with ZeRO-3's gathered layer and optimizer "
+        "offload, the largest model that fits (--max-model) and DeepSpeed's estimator "
+        "(--deepspeed). The real d_ff, SwiGLU and GQA change activations as well as "
+        "parameters. GB = 1e9 bytes, GiB = 2^30."))
     p.add_argument("--params", type=count_arg, default=None, metavar="N",
                    help="parameter count, e.g. 7e9 or 7B (default: from --model or the shape)")
     p.add_argument("--devices", type=size_arg(), default=1, metavar="K",
@@ -195,13 +220,18 @@ def register(subparsers) -> None:
     add_shape_options(p, "sequences per device (micro-batch)", 2048, 1)
     p.add_argument("--flash-attention", action="store_true",
                    help="count activations without the a*s*s attention maps (34*s*b*h)")
-    p.add_argument("--recompute", action="store_true",
-                   help="count activations with per-layer recomputation")
+    p.add_argument("--recompute", nargs="?", const="full", default="none",
+                   choices=("none", "selective", "full"),
+                   help="activation recomputation: none; selective (the attention maps, "
+                        "Korthikanti et al.); full (each layer's input kept). A bare "
+                        "--recompute means full")
     p.add_argument("--lora-rank", type=size_arg(), default=None, metavar="R",
                    help="add a LoRA fine-tune with rank-R adapters on every linear layer")
     p.add_argument("--qlora", action="store_true",
                    help="add a QLoRA fine-tune (NF4 base; rank from --lora-rank, default 64)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every figure")
+    from jaxscale.commands import memory_layout
+    memory_layout.add_options(p, size_arg, bytes_arg)
     p.set_defaults(run=run)
 
 
@@ -220,17 +250,21 @@ def compute(args) -> dict:
            "batch": args.batch, "model_states": states, "activations": None, "finetune": None}
     acts_used = 0.0
     if shape is not None:
-        s, b, h, a, L = shape["seq"], args.batch, shape["hidden"], shape["heads"], shape["layers"]
+        from jaxscale.costmodel import activations as A
+        t = transformer(shape)
+        s, b, h = shape["seq"], args.batch, shape["hidden"]
         logits = 4 * s * b * shape["vocab"] if shape["vocab"] else 0.0  # fp32 logits for the loss
-        def key(recompute: bool, flash: bool) -> str:
-            return ("recompute" if recompute else "stored") + ("_flash" if flash else "")
-        total = {key(rc, fa): cm.activation_bytes(L, s, b, h, a, fa, rc)
-                 for rc in (False, True) for fa in (False, True)}
+        names = {"none": "stored", "selective": "selective", "full": "recompute"}
+
+        def key(recompute: str, flash: bool) -> str:
+            return names[recompute] + ("_flash" if flash else "")
+        total = {key(rc, fa): A.activation_memory(t, b, recompute=rc, flash_attention=fa)["total"]
+                 for rc in names for fa in (False, True)}
         variant = key(args.recompute, args.flash_attention)
         acts_used = total[variant] + logits
         out["activations"] = {
-            "per_layer": cm.activation_bytes_per_layer(s, b, h, a),
-            "per_layer_flash": cm.activation_bytes_per_layer(s, b, h, a, True),
+            "per_layer": A.per_layer(t, b)["total"],
+            "per_layer_flash": A.per_layer(t, b, flash_attention=True)["total"],
             "layer_input": 2 * s * b * h, "total": total, "logits_fp32": logits,
             "used": variant, "used_bytes": acts_used}
     out["per_device"] = [{"stage": r["stage"], "name": r["name"], "states": r["total"],
@@ -244,7 +278,8 @@ def compute(args) -> dict:
         if rank > shape["hidden"]:
             raise cm.CostModelError(f"--lora-rank {rank} is larger than the hidden size "
                                     f"{shape['hidden']}: choose 1..{shape['hidden']}")
-        n = cm.lora_adapter_params(shape["layers"], shape["hidden"], rank, shape["ffn"])
+        t = transformer(shape)
+        n = cm.lora_adapter_params(t.layers, t.hidden, rank, t.f, t.kv_hidden, t.mlp_matrices)
         full = cm.model_state_bytes(params, 1)
         rows = {"full fine-tune": {"weights": full["params"],
                                    "trained_states": full["grads"] + full["optimizer"],
@@ -257,6 +292,8 @@ def compute(args) -> dict:
             r["with_activations"] = r["total"] + acts_used
         out["finetune"] = {"rank": rank, "adapter_params": n, "adapter_fraction": n / params,
                            "nf4_bytes_per_param": cm.NF4_BYTES_PER_PARAM, "rows": rows}
+    from jaxscale.commands import memory_layout
+    out["layout"] = memory_layout.compute(args, transformer(shape) if shape else None, params)
     return out
 
 
@@ -278,16 +315,20 @@ def render(r: dict) -> None:
     a = r["activations"]
     if a:
         names = {"stored": "stored (Korthikanti)", "stored_flash": "flash attention",
-                 "recompute": "per-layer recomputation",
-                 "recompute_flash": "recomputation + flash attention"}
-        table(f"activations per device (16-bit; one layer {hb(a['per_layer'])}, with flash "
+                 "selective": "selective recomputation",
+                 "selective_flash": "selective recomputation + flash attention",
+                 "recompute": "full recomputation (+ one working layer)",
+                 "recompute_flash": "full recomputation + flash attention"}
+        table(f"activations on one device holding the whole model, no tp/pp/cp (16-bit, with "
+              f"dropout; one layer {hb(a['per_layer'])}, with flash "
               f"attention {hb(a['per_layer_flash'])}, one layer's input {hb(a['layer_input'])})",
               ["", "all layers", "used below"],
               [[names[k], hb(v), "<-" if k == a["used"] else ""] for k, v in a["total"].items()]
               + ([["fp32 logits for the loss", hb(a["logits_fp32"]), "+"]]
                  if a["logits_fp32"] else []))
     if a:
-        table("per device: mixed-precision model states + activations",
+        table("one device holding the whole model: mixed-precision model states + "
+              "activations (the layout's figures follow)",
               ["", "model states", "activations", "total"],
               [[x["name"], hb(x["states"]), hb(x["activations"]), hb(x["total"])]
                for x in r["per_device"]])
@@ -305,5 +346,11 @@ def render(r: dict) -> None:
                 hb(x["with_activations"])] for name, x in f["rows"].items()])
 
 
+def render_all(r: dict) -> None:
+    from jaxscale.commands import memory_layout
+    render(r)
+    memory_layout.render(r["layout"], table, cm.human_bytes)
+
+
 def run(args) -> int:
-    return emit(args, compute(args), render)
+    return emit(args, compute(args), render_all)

@@ -1,12 +1,17 @@
-"""`jaxscale plan`: pick a dp x tp x pp x ZeRO layout that fits, from closed forms.
+"""`jaxscale plan`: search dp x tp x pp(v) x cp x ZeRO x recompute x micro-batch, rank by
+predicted step time.
 
-    jaxscale plan --params 70e9 --devices 64 --device-memory 80GB --node-size 8
-    jaxscale plan --model 7b --devices 16 --device-memory 40GB --batch 64 --json
+    jaxscale plan --params 70e9 --devices 64 --device h100
+    jaxscale plan --model 7b --devices 8 --device a100 --batch 64 --json
+    jaxscale plan --params 175e9 --devices 64 --batch 64 --seq 2048 --fix dp=1
 
-The rules (which layouts are allowed, how memory and communication are counted, how the
-recommendation is ranked) are jaxscale.planner's, listed in its docstring and in RULES.
+The rules are jaxscale.planner's (its docstring and RULES); memory and time are
+jaxscale.costmodel's (layout.memory, steptime.step_time); the device table is
+costmodel.devices.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from jaxscale import costmodel as cm
 from jaxscale import planner as P
@@ -21,136 +26,194 @@ from jaxscale.commands.memory import (
     short_bytes,
     size_arg,
     table,
+    transformer,
 )
+from jaxscale.costmodel import devices as D
+from jaxscale.costmodel import states as S
+
+
+def _fixed(text: str) -> tuple[tuple[str, int], ...]:
+    """'dp=1,cp=1' -> (('dp', 1), ('cp', 1)); a bad item names itself and the choices."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in P.FIXABLE or not value.strip().isdigit():
+            raise cm.CostModelError(f"--fix {item!r} is not understood: write NAME=N with NAME "
+                                    f"one of {', '.join(P.FIXABLE)}, e.g. dp=1,cp=1")
+        out.append((name, int(value)))
+    return tuple(out)
+
+
+def _choices(allowed: tuple):
+    """'none,full' -> ('none', 'full'), each checked against `allowed` (compared as text)."""
+    by_name = {str(a): a for a in allowed}
+
+    def parse(text: str) -> tuple:
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        if not names or any(x not in by_name for x in names):
+            raise cm.CostModelError(f"{text!r}: choose a comma list from {', '.join(by_name)}")
+        return tuple(by_name[x] for x in names)
+    return parse
 
 
 def register(subparsers) -> None:
     from jaxscale.cli import _number
 
-    p = subparsers.add_parser("plan", help="choose a dp x tp x pp x ZeRO layout that fits "
-                              "in memory with the least communication", description=(
-        "Enumerate every layout devices = dp x tp x pp with ZeRO stage 0-3 and optional "
-        "recomputation, and recommend one. Rules: " + "; ".join(
-            f"({i}) {r}" for i, r in enumerate(P.RULES, 1)) + ". Memory per device: the "
-        "tp x pp model shard's mixed-precision Adam states sharded by ZeRO over dp, plus "
-        "activations (Korthikanti et al. with tp, 1F1B keeps min(m, pp) micro-batches per "
-        "stage). Communication per step: TP all-reduces on the intra-node link, PP "
-        "activations/gradients and the DP gradient all-reduce (x1.5 for ZeRO-3) on the "
-        "inter-node link once they leave a node. Without a shape, the shape of the published "
-        "model nearest in parameter count is assumed (and printed). Exit code 1 if nothing "
-        "fits."))
+    p = subparsers.add_parser("plan", help="search layouts (dp, tp, pp, v, cp, ZeRO, recompute, "
+                              "micro-batch) that fit, ranked by predicted step time", description=(
+        "Search every layout devices = dp x tp x pp x cp with v chunks per pipeline device, "
+        "ZeRO 0-3, recompute none/selective/full and micro-batches 1/2/4/8; keep those that "
+        "fit; rank by predicted step time. Rules: " + "; ".join(
+            f"({i}) {r}" for i, r in enumerate(P.RULES, 1)) + ". Memory: states under the byte "
+        "budget and ZeRO, ZeRO-3's gathered layer, first-stage activations (Korthikanti et "
+        "al.). Time: FLOPs at --efficiency x the device's peak, the bubble (p-1)/(v m) over "
+        "ideal time, tp on the critical path, the dp reduction hidden behind backward where "
+        "it can be, links from the device table (tp, cp, pp, dp placed from the inside). "
+        "Without a shape, the published model nearest in parameter count is assumed (and "
+        "printed). Exit code 1 if nothing fits."))
     p.add_argument("--params", type=count_arg, default=None, metavar="N",
                    help="parameter count, e.g. 70e9 or 70B (default: from --model or the shape)")
     p.add_argument("--devices", type=size_arg(), required=True, metavar="K", help="devices in all")
-    p.add_argument("--device-memory", type=bytes_arg, default=80e9, metavar="SIZE",
-                   help="memory per device, e.g. 80GB or 80GiB (default 80GB)")
-    p.add_argument("--node-size", type=size_arg(), default=8, metavar="N",
-                   help="devices per node, joined by the intra-node link (default 8)")
+    p.add_argument("--device", type=str.lower, choices=list(D.DEVICES), default="a100",
+                   help="the accelerator: peak FLOP/s, memory, links (default a100)")
+    p.add_argument("--device-memory", type=bytes_arg, default=None, metavar="SIZE",
+                   help="memory per device, e.g. 80GB or 80GiB (default: the device's)")
+    p.add_argument("--node-size", type=size_arg(), default=None, metavar="N",
+                   help="devices per node, joined by the intra link (default: the device's)")
+    p.add_argument("--intra-link", type=link_arg, default=None, metavar="LINK",
+                   help="link inside a node, a name or GB/s one way (default: the device's)")
+    p.add_argument("--inter-link", type=link_arg, default=None, metavar="LINK",
+                   help="link between nodes (default: the device's)")
     add_shape_options(p, "global batch in sequences per step", 4096, 256)
-    p.add_argument("--micro-batch", type=size_arg(), default=1, metavar="B",
-                   help="sequences per micro-batch (default 1)")
     p.add_argument("--flash-attention", action="store_true",
                    help="activations without the attention maps")
+    p.add_argument("--no-dropout", action="store_true", help="activations without dropout masks")
+    p.add_argument("--bytes-per-param", choices=list(S.BUDGETS), default="mixed-adam",
+                   help="model-state byte budget (default mixed-adam, 16 bytes)")
     p.add_argument("--usable", type=_number(float, 0, exclusive=True), default=0.9, metavar="F",
                    help="fraction of device memory a layout may fill; the rest is for "
                         "embeddings, buffers and fragmentation (default 0.9)")
-    p.add_argument("--max-bubble", type=_number(float, 0), default=0.1, metavar="F",
-                   help="largest pipeline bubble allowed (default 0.1)")
-    p.add_argument("--intra-link", type=link_arg, default=cm.link_bandwidth("nvlink"),
-                   metavar="LINK", help="link inside a node (default nvlink)")
-    p.add_argument("--inter-link", type=link_arg, default=cm.link_bandwidth("infiniband"),
-                   metavar="LINK", help="link between nodes (default infiniband)")
-    p.add_argument("--grad-bytes", type=size_arg(), default=2, metavar="B",
-                   help="bytes per gradient value in the all-reduce (default 2)")
+    p.add_argument("--efficiency", type=_number(float, 0, exclusive=True), default=0.7,
+                   metavar="F", help="fraction of the peak the matmuls reach (default 0.7)")
+    p.add_argument("--max-bubble", type=_number(float, 0), default=None, metavar="F",
+                   help="cap on the bubble (p-1)/(v m) (default: none; the time ranks it)")
+    p.add_argument("--fix", type=_fixed_arg, default=(), metavar="NAME=N,...",
+                   help=f"hold degrees fixed, e.g. dp=1,cp=1 ({', '.join(P.FIXABLE)})")
+    p.add_argument("--recompute-choices", type=_arg(_choices(P.RECOMPUTE)), default=P.RECOMPUTE,
+                   metavar="LIST", help="recompute policies to try (default none,selective,full)")
+    p.add_argument("--zero-choices", type=_arg(_choices((0, 1, 2, 3))), default=(0, 1, 2, 3),
+                   metavar="LIST", help="ZeRO stages to try (default 0,1,2,3)")
+    p.add_argument("--no-sequence-parallel", action="store_true",
+                   help="never use sequence parallelism (a 2021 Megatron had none)")
     p.add_argument("--top", type=size_arg(minimum=0), default=5, metavar="N",
                    help="how many alternatives to list (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every figure")
     p.set_defaults(run=run)
 
 
+def _arg(parse):
+    from jaxscale.commands.memory import _arg_type
+    return _arg_type(parse)
+
+
+_fixed_arg = _arg(_fixed)
+
+
 def compute(args) -> dict:
     """The plan as one JSON-ready dict, with the shape it assumed."""
-    if args.usable > 1:
-        raise cm.CostModelError(f"--usable {args.usable:g} is a fraction of device memory: "
+    if args.usable > 1 or args.efficiency > 1:
+        bad = "--usable" if args.usable > 1 else "--efficiency"
+        raise cm.CostModelError(f"{bad} {max(args.usable, args.efficiency):g} is a fraction: "
                                 "choose a number in (0, 1]")
-    if args.max_bubble >= 1:
+    if args.max_bubble is not None and args.max_bubble >= 1:
         raise cm.CostModelError(f"--max-bubble {args.max_bubble:g} is a fraction: choose a "
                                 "number in [0, 1)")
-    if args.devices > args.node_size and args.devices % args.node_size:
+    dev = D.device(args.device)
+    dev = replace(dev, **{k: v for k, v in (
+        ("memory", args.device_memory), ("node_size", args.node_size),
+        ("intra", args.intra_link and args.intra_link[1]),
+        ("inter", args.inter_link and args.inter_link[1])) if v is not None})
+    if args.devices > dev.node_size and args.devices % dev.node_size:
         raise cm.CostModelError(f"--devices {args.devices} does not fill whole nodes of "
-                                f"--node-size {args.node_size}: use a multiple of {args.node_size}")
+                                f"{dev.node_size} (--node-size): use a multiple of {dev.node_size}")
     shape = model_shape(args, 4096, without_shape=("seq",))
     if shape is None:
         if args.params is None:
             raise cm.CostModelError("give --params (e.g. 70e9), or --model PRESET, or the "
                                     "shape (--layers --hidden --heads)")
-        name, (ref_params, layers, hidden, heads) = P.nearest_reference(args.params)
-        shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq": args.seq or 4096,
-                 "source": f"assumed: {P.describe_reference(name)}, the published shape "
-                           f"nearest to {args.params:.3g} parameters (memory and "
-                           "communication use the given count)"}
-    params = args.params if args.params is not None else shape["params"]
-    w = P.Workload(params=params, layers=shape["layers"], hidden=shape["hidden"],
-                   heads=shape["heads"], seq=shape["seq"], batch=args.batch,
-                   micro_batch=args.micro_batch, flash_attention=args.flash_attention,
-                   grad_bytes=args.grad_bytes)
-    c = P.Cluster(devices=args.devices, node_size=args.node_size, memory=args.device_memory,
-                  usable=args.usable, intra=args.intra_link[1], inter=args.inter_link[1],
-                  max_bubble=args.max_bubble)
-    out = P.plan(w, c, args.top)
-    out["shape_source"] = (shape["source"] if shape["source"].startswith("assumed")
-                           else describe_shape(shape, params, shape["source"]))
-    out["links"] = {"intra": args.intra_link[0], "inter": args.inter_link[0]}
+        name, ref = P.nearest_reference(args.params)
+        t = replace(ref, seq=args.seq or ref.seq)
+        source = (f"assumed: {P.describe_reference(name)}, the published shape nearest to "
+                  f"{args.params:.3g} parameters")
+    else:
+        t = transformer(shape)
+        source = describe_shape(shape, shape["params"], shape["source"])
+    job = P.Job(t, args.batch, args.devices, dev, usable=args.usable,
+                efficiency=args.efficiency, budget=args.bytes_per_param,
+                flash_attention=args.flash_attention, dropout=not args.no_dropout,
+                max_bubble=args.max_bubble, fixed=args.fix,
+                recompute=args.recompute_choices, zero_stages=args.zero_choices,
+                sequence_parallel=not args.no_sequence_parallel)
+    out = P.plan(job, args.top)
+    out["shape_source"] = source
+    if args.params is not None and abs(args.params / t.params() - 1) > 0.02:
+        out["params_note"] = (f"--params {args.params:.4g} differs from the shape's "
+                              f"{t.params():.4g}: memory and time use the shape's count")
+    elif args.params is not None:
+        out["params_note"] = "memory and time use the shape's count"
     return out
 
 
-def _row(r: dict, c: dict) -> list:
-    m, k = r["memory"], r["comm"]
-    return [f"{r['dp']} x {r['tp']} x {r['pp']}", r["zero_stage"],
-            "yes" if r["recompute"] else "no",
-            r["micro_batches"], f"{100 * r['bubble']:.1f}%",
-            short_bytes(m["params"] + m["grads"] + m["optimizer"] + m["zero3_gathered_layer"]),
-            short_bytes(m["activations"]), short_bytes(m["total"]),
-            f"{100 * r['of_device']:.0f}%",
-            f"{k['tp_seconds']:.3g}", f"{k['pp_seconds']:.3g}"
-            + (" (x-node)" if k["pp_across_nodes"] and r["pp"] > 1 else ""),
-            f"{k['dp_seconds']:.3g}", f"{k['seconds']:.3g}"]
+COLUMNS = ["layout", "m", "bubble", "states", "activations", "memory", "of device", "sent",
+           "compute s", "bubble s", "tp s", "pp s", "cp s", "dp s", "step s", "tokens/s", "MFU"]
 
 
-COLUMNS = ["dp x tp x pp", "ZeRO", "recompute", "micro-batches", "bubble", "model states",
-           "activations", "memory", "of device", "TP s", "PP s", "DP s", "comm s/step"]
+def _row(r: dict) -> list:
+    m, t = r["memory"], r["time"]
+    return [r["name"], r["micro_batches"], f"{100 * t['bubble_fraction']:.1f}%",
+            short_bytes(m["states"]), short_bytes(m["activations"]), short_bytes(m["total"]),
+            f"{100 * r['of_device']:.0f}%", short_bytes(t["bytes_sent_total"])] + [
+                f"{t[k]:.3g}" for k in (
+                "compute", "bubble", "tp", "pp", "cp", "dp", "step")] + [
+            f"{t['tokens_per_s']:,.0f}", f"{100 * t['mfu']:.1f}%"]
 
 
 def render(r: dict) -> None:
     from jaxscale.report import plural
 
-    w, c = r["workload"], r["cluster"]
-    print(f"plan: {w['params']:.4g} parameters, {plural(w['layers'], 'layer')}, h = "
-          f"{w['hidden']}, {plural(w['heads'], 'head')} (shape {r['shape_source']}); batch "
-          f"{plural(w['batch'], 'sequence')} x {plural(w['seq'], 'token')}, micro-batch "
-          f"{plural(w['micro_batch'], 'sequence')}; {plural(c['devices'], 'device')} in nodes "
-          f"of {c['node_size']}, {cm.human_bytes(c['memory'])} each ({100 * c['usable']:.0f}% "
-          f"usable); links {r['links']['intra']} inside a node, {r['links']['inter']} between")
+    j, dev = r["job"], r["job"]["device"]
+    s = j["shape"]
+    print(f"plan: {s['params']:.4g} parameters counted by the cost model (matmul weights and "
+          f"embeddings; {r['shape_source']}); batch "
+          f"{plural(j['batch'], 'sequence')} x {plural(s['seq'], 'token')}; "
+          f"{plural(j['devices'], 'device')} {dev['name']} ({dev['peak'] / 1e12:g} TFLOP/s "
+          f"bf16 x efficiency {j['efficiency']:g}, {cm.human_bytes(dev['memory'])}, "
+          f"{100 * j['usable']:.0f}% usable) in nodes of {dev['node_size']}; links "
+          f"{dev['intra'] / 1e9:g} GB/s inside a node, {dev['inter'] / 1e9:g} GB/s between, "
+          f"one way; budget {j['budget']}")
+    if r.get("params_note"):
+        print(f"  note: {r['params_note']}")
     for i, rule in enumerate(r["rules"], 1):
         print(f"  rule {i}: {rule}")
     best = r["recommended"]
     if best:
-        table("recommended (memory per device, GB = 1e9; communication seconds per step)",
-              COLUMNS, [_row(best, c)])
+        table("recommended (memory and bytes sent per device per step, GB = 1e9; seconds "
+              "per step)", COLUMNS,
+              [_row(best)])
     else:
         print("no layout fits: see the reasons below")
     if r["alternatives"]:
         n = len(r["alternatives"])
         table(f"the next {plural(n, 'layout')} of the {r['fitting']:,} that fit", COLUMNS,
-              [_row(x, c) for x in r["alternatives"]])
-    table(f"{plural(r['considered'], 'layout')} considered, "
-          f"{sum(r['rejected'].values()):,} rejected",
-          ["reason", "layouts"], sorted(([k, v] for k, v in r["rejected"].items()),
-                                        key=lambda kv: -kv[1]))
+              [_row(x) for x in r["alternatives"]])
+    print(f"{plural(r['considered'], 'mesh', 'meshes')} (dp x tp x pp x cp) considered, "
+          f"{sum(r['rejected'].values()):,} rejected (no option on them survives)")
+    if r["rejected"]:
+        table("rejected meshes by the last rule their options broke", ["reason", "meshes"],
+              sorted(([k, v] for k, v in r["rejected"].items()), key=lambda kv: -kv[1]))
     miss = r["closest_memory_miss"]
     if miss:
-        table("closest to fitting among those rejected for memory (ZeRO-3 + recomputation)",
-              COLUMNS, [_row(miss, c)])
+        table("closest to fitting among those rejected for memory", COLUMNS, [_row(miss)])
 
 
 def run(args) -> int:

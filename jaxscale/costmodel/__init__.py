@@ -1,4 +1,16 @@
-"""Closed-form costs of training: memory per device, communication volume and time.
+"""Closed-form costs of training: the lectures' calculators, and the package of the full model.
+
+The package, one idea per module (each docstring gives its formulas and sources):
+  shape.py        the transformer's shape (d_ff, SwiGLU, GQA) and its parameter count
+  activations.py  Korthikanti et al.'s activations, term by term: tp, sp, cp, pp, recompute
+  states.py       parameters, gradients, optimizer under ZeRO, byte budgets, offload, the
+                  largest model that fits, DeepSpeed's estimator
+  layout.py       a dp x tp x pp x cp layout and its memory on the busiest device
+  collectives.py  the time of a collective: latency + bytes / bandwidth, ring or torus
+  devices.py      the accelerator table: peak FLOP/s, memory, HBM and link bandwidths
+  steptime.py     FLOPs and step time of a layout: compute, bubble, exposed communication
+This module keeps the lectures' figures (volumes per device, the lecture links, ZeRO on one
+axis, LoRA/QLoRA, sizes) and delegates its memory formulas to the modules above.
 
 Communication, per-device bytes sent (K devices, a vector of n bytes):
   ring reduce-scatter or all-gather   (K-1)/K x n
@@ -13,7 +25,9 @@ counted). The link presets are the lectures' round figures, per GPU and directio
 Memory: model states (parameters, gradients, Adam state) per device under ZeRO 0-3;
 activations by Korthikanti et al. (2022), with tensor parallelism, flash attention and
 per-layer recomputation; LoRA and QLoRA fine-tuning. Sizes are bytes; GB = 1e9, GiB = 2^30.
-Failure and checkpoint formulas are in jaxscale.failures, layout search in jaxscale.planner.
+Pipeline bubble, two definitions: `bubble_over_total` (idle / all time, the lectures') and
+`bubble_over_ideal` (Narayanan et al.'s). Failure and checkpoint formulas are in
+jaxscale.failures, layout search in jaxscale.planner.
 """
 from __future__ import annotations
 
@@ -83,6 +97,7 @@ STATE_BYTES = {  # bytes per parameter: (params, gradients, optimizer state) wit
     "mixed": (2, 2, 12),  # bf16/fp16 weights and gradients; fp32 master + m + v
     "fp32": (4, 4, 8),  # fp32 weights and gradients; fp32 m + v
 }
+BUDGET_OF = {"mixed": "mixed-adam", "fp32": "fp32-adam"}  # costmodel.states' names
 
 
 def model_state_bytes(n_params: float, k: int, zero_stage: int = 0,
@@ -91,17 +106,18 @@ def model_state_bytes(n_params: float, k: int, zero_stage: int = 0,
 
     Stage 1 shards the optimizer state over the K data-parallel devices, stage 2 also the
     gradients, stage 3 also the parameters (mixed precision: 16, 4 + 12/K, 2 + 14/K, 16/K
-    bytes per parameter).
+    bytes per parameter). The lectures' two budgets; costmodel.states has them all.
     """
+    from jaxscale.costmodel import states
+
     if precision not in STATE_BYTES:
         raise CostModelError(f"unknown precision {precision!r}; choose from {', '.join(STATE_BYTES)}")
     if zero_stage not in (0, 1, 2, 3):
         raise CostModelError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     _check(k, n_params)
-    p, g, o = STATE_BYTES[precision]
-    shard = lambda stage: k if zero_stage >= stage else 1  # noqa: E731
-    out = {"params": p * n_params / shard(3), "grads": g * n_params / shard(2),
-           "optimizer": o * n_params / shard(1)}
+    x = states.state_memory(n_params, k, zero_stage, BUDGET_OF[precision]) if n_params else {
+        "params": 0.0, "grads": 0.0, "optimizer": 0.0}
+    out = {"params": x["params"], "grads": x["grads"], "optimizer": x["optimizer"]}
     out["total"] = sum(out.values())
     return out
 
@@ -110,17 +126,15 @@ def activation_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int,
                                flash_attention: bool = False, tp: int = 1) -> float:
     """Activations one transformer layer keeps for backward, 16-bit (Korthikanti et al.):
     s*b*h*(34 + 5*a*s/h); with flash attention the a*s*s attention maps are not stored: 34*s*b*h.
-
-    With tensor parallelism over tp devices (no sequence parallelism) the parts inside the
-    split matmuls shrink and the layer-norm and dropout inputs stay whole:
-    s*b*h*(10 + 24/tp + 5*a*s/(h*tp)) per device (their eq. 2); tp = 1 gives the 34 above.
+    With tensor parallelism over tp devices (no sequence parallelism): s*b*h*(10 + 24/tp +
+    5*a*s/(h*tp)) (their eq. 2). Term by term in costmodel.activations (GPT shape, 4h MLP).
     """
+    from jaxscale.costmodel import activations
+    from jaxscale.costmodel.shape import Transformer
+
     _positive(seq=seq, batch=batch, hidden=hidden, heads=heads, tp=tp)
-    sbh = seq * batch * hidden
-    if tp == 1:  # the lecture's expression, term for term
-        return sbh * 34 if flash_attention else sbh * (34 + 5 * heads * seq / hidden)
-    attention_maps = 0 if flash_attention else 5 * heads * seq / (hidden * tp)
-    return sbh * (10 + 24 / tp + attention_maps)
+    shape = Transformer(1, hidden, heads, seq)
+    return activations.per_layer(shape, batch, tp, flash_attention=flash_attention)["total"]
 
 
 def activation_bytes(layers: int, seq: int, batch: int, hidden: int, heads: int,
@@ -146,19 +160,23 @@ NF4_BYTES_PER_PARAM = (NF4_BITS + NF4_SCALE_BITS / NF4_BLOCK
                        + 32 / (NF4_BLOCK * NF4_SCALE_BLOCK)) / 8  # 0.5159 bytes
 
 
-def lora_adapter_params(layers: int, hidden: int, rank: int, ffn: int | None = None) -> int:
+def lora_adapter_params(layers: int, hidden: int, rank: int, ffn: int | None = None,
+                        kv_hidden: int | None = None, mlp_matrices: int = 2) -> int:
     """LoRA parameters when every linear layer of every block is adapted.
 
     An adapted d_in x d_out matrix W gets W + B A with A: rank x d_in and B: d_out x rank,
     r*(d_in + d_out) trainable parameters (2*r*(d_in + d_out) bytes in bf16). A block has
-    Wq, Wk, Wv, Wo (hidden x hidden) and the MLP's W1 (hidden x ffn), W2 (ffn x hidden);
-    ffn defaults to 4 x hidden.
+    Wq, Wo (hidden x hidden), Wk, Wv (hidden x kv_hidden: grouped-query attention; default
+    hidden) and the MLP's mlp_matrices (2, or 3 with SwiGLU) hidden x ffn matrices; ffn
+    defaults to 4 x hidden.
     """
+    kv_hidden = hidden if kv_hidden is None else kv_hidden
     ffn = 4 * hidden if ffn is None else ffn
     _positive(layers=layers, hidden=hidden, rank=rank, ffn=ffn)
     if rank > hidden:
         raise CostModelError(f"LoRA rank {rank} is larger than hidden {hidden}: choose 1..{hidden}")
-    per_block = 4 * rank * (hidden + hidden) + 2 * rank * (hidden + ffn)
+    per_block = (2 * rank * (hidden + hidden) + 2 * rank * (hidden + kv_hidden)
+                 + mlp_matrices * rank * (hidden + ffn))
     return layers * per_block
 
 
@@ -232,12 +250,21 @@ def pp_step_volume(seq: int, batch: int, hidden: int, pp: int,
             "max_bytes_per_device": 2 * one if pp > 2 else one * (pp - 1)}
 
 
-def bubble_fraction(pp: int, micro_batches: int) -> float:
-    """Idle fraction of a GPipe or 1F1B pipeline: (p - 1) / (m + p - 1)."""
-    if pp < 1 or micro_batches < 1:
-        raise CostModelError(f"need pp >= 1 and micro_batches >= 1, got pp={pp}, "
-                             f"micro_batches={micro_batches}")
-    return (pp - 1) / (micro_batches + pp - 1)
+def bubble_over_total(pp: int, micro_batches: int, virtual: int = 1) -> float:
+    """Idle share of a pipeline's whole time: (p-1) / (v m + p - 1) (GPipe and 1F1B v = 1;
+    interleaved 1F1B v chunks per device). The lectures' and jaxscale.parallel.schedule's
+    definition, which the event simulator measures."""
+    if pp < 1 or micro_batches < 1 or virtual < 1:
+        raise CostModelError(f"need pp, micro_batches, virtual >= 1, got pp={pp}, "
+                             f"micro_batches={micro_batches}, virtual={virtual}")
+    return (pp - 1) / (virtual * micro_batches + pp - 1)
+
+
+def bubble_over_ideal(pp: int, micro_batches: int, virtual: int = 1) -> float:
+    """Bubble time over ideal (bubble-free) time: (p-1) / (v m), Narayanan et al. 2021's
+    definition; = b / (1 - b) for b = bubble_over_total. The time model adds this x compute."""
+    bubble_over_total(pp, micro_batches, virtual)  # the same checks
+    return (pp - 1) / (virtual * micro_batches)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""The shape of a dense decoder-only transformer, as the cost model reads it.
+
+One record for every formula in jaxscale.costmodel (activations, states, FLOPs, time) so
+that the same model is never described twice. The options beyond GPT's shape are the two
+that change the counts of today's open models:
+
+  ffn       the MLP's inner width f (GPT: 4h; Llama-2-7B: 11008). It changes parameters,
+            FLOPs and activations alike.
+  swiglu    a gated MLP (Llama): three f x h matrices instead of two, and one more f-wide
+            activation kept for backward.
+  kv_heads  grouped-query attention: k and v have kv_heads x head_dim columns instead of h.
+
+Parameters: L (2h^2 + 2 h h_kv + n_mlp h f) + V h (2 V h untied), n_mlp = 2 (3 with
+SwiGLU), h_kv = kv_heads x h / heads; biases, LayerNorms and learned positions left out
+(they are < 0.1% of any model here).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+class ShapeError(ValueError):
+    """A transformer shape that no model could have."""
+
+
+@dataclass(frozen=True)
+class Transformer:
+    layers: int
+    hidden: int
+    heads: int
+    seq: int = 2048
+    ffn: int | None = None  # None: 4 x hidden
+    kv_heads: int | None = None  # None: heads (multi-head attention)
+    vocab: int = 0
+    swiglu: bool = False
+    tied: bool = True  # the output head shares the embedding (False: Llama, another V x h)
+
+    def __post_init__(self):
+        for name in ("layers", "hidden", "heads", "seq"):
+            if not getattr(self, name) >= 1:
+                raise ShapeError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if (self.ffn is not None and self.ffn < 1) or self.vocab < 0:
+            raise ShapeError(f"ffn must be >= 1 and vocab >= 0, got {self.ffn}, {self.vocab}")
+        if self.hidden % self.heads:
+            raise ShapeError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+        kv = self.kv
+        if not 1 <= kv <= self.heads or self.heads % kv:
+            raise ShapeError(f"kv_heads {kv} must divide heads {self.heads}")
+
+    @property
+    def f(self) -> int:
+        return 4 * self.hidden if self.ffn is None else self.ffn
+
+    @property
+    def kv(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def kv_hidden(self) -> int:
+        """Columns of k (and of v): kv_heads x head_dim."""
+        return self.kv * (self.hidden // self.heads)
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.swiglu else 2
+
+    def layer_params(self) -> int:
+        """Matmul weights of one block: Wq, Wo (h x h), Wk, Wv (h x h_kv), the MLP's."""
+        h = self.hidden
+        return 2 * h * h + 2 * h * self.kv_hidden + self.mlp_matrices * h * self.f
+
+    def params(self) -> int:
+        embeddings = (1 if self.tied else 2) * self.vocab * self.hidden
+        return self.layers * self.layer_params() + embeddings
+
+    def with_seq(self, seq: int) -> Transformer:
+        return replace(self, seq=seq)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ffn": self.f, "kv_heads": self.kv, "params": self.params()}

@@ -1,0 +1,135 @@
+"""Step time of a layout: FLOPs at an achieved rate, the bubble, and the exposed communication.
+
+FLOPs per token (the convention of jaxscale.flops, PaLM and Megatron; Korthikanti eq. 7):
+  model      6 N + 12 L s h      N = matmul weights: the blocks' and the output head's (an
+                                 untied input embedding is a lookup), attention non-causal
+  recompute  selective: 4 L s h (the attention core's forward again)
+             full:      2 N_blocks + 4 L s h (every block's forward again)
+  hardware   model + recompute   (HFU counts it, MFU does not)
+
+Per device and step (B sequences of s tokens, d = dp x tp x pp x cp devices):
+
+  compute   B s hardware / d / (peak x efficiency). `efficiency` is the fraction of the
+            datasheet peak the model's matmuls reach (a stated assumption; measured on this
+            machine by jaxscale.hardware.measure_matmul_peak for the CPU calibration)
+  bubble    compute x (p-1) / (v m)        Narayanan et al.'s bubble over ideal time (1F1B
+            and GPipe v = 1; interleaved 1F1B v chunks per device), m micro-batches
+  tp        on the critical path: per layer (L/p of them) and micro-batch, 4 all-reduces of
+            b (s/cp) h 16-bit activations (6 with full recompute); with sequence
+            parallelism all-gathers + reduce-scatters of the same time
+  cp        ring attention: per layer and micro-batch (cp-1) hops of k and v forward, twice
+            that backward (k, v and their gradients); hidden behind the attention's own
+            compute, only the excess is exposed
+  pp        each micro-batch crosses each of its v chunk boundaries forward and backward:
+            2 v m sends of b (s/cp) h / tp 16-bit values (Megatron's scatter-gather)
+  dp        gradients of the Psi/(tp pp) shard over the dp x cp devices that hold the same
+            weights (Megatron's data-and-context group; ZeRO shards over it too): ZeRO 0-1
+            one all-reduce after the last micro-batch, hidden behind that micro-batch's
+            backward; ZeRO-2 a reduce-scatter per micro-batch + one all-gather of the
+            weights, behind the whole backward; ZeRO-3 two weight all-gathers and a
+            reduce-scatter per micro-batch, behind all of the compute. The backward is 2/3
+            of the model FLOPs plus all of the recompute. Only the excess over the window is
+            exposed.
+
+Placement, innermost first: tp, cp, pp, dp (jaxscale's mesh order). An axis whose devices
+together with the inner ones fit in a node uses the device's intra link (bidirectional on a
+TPU torus), else its inter link. step = compute + bubble + tp + pp + exposed cp + exposed dp.
+"""
+from __future__ import annotations
+
+from jaxscale.costmodel.collectives import collective_bytes, collective_seconds
+from jaxscale.costmodel.devices import Device
+from jaxscale.costmodel.layout import Layout, check
+from jaxscale.costmodel.shape import ShapeError, Transformer
+from jaxscale.costmodel.states import BUDGETS
+
+ACT_BYTES = 2  # 16-bit activations on the wire
+
+
+def flops_per_token(shape: Transformer, recompute: str = "none") -> dict[str, float]:
+    """Model, recompute and hardware FLOPs per trained token (module docstring)."""
+    L, s, h = shape.layers, shape.seq, shape.hidden
+    matmul = L * shape.layer_params() + shape.vocab * h  # the input embedding is a lookup
+    model = 6 * matmul + 12 * L * s * h
+    extra = {"none": 0, "selective": 4 * L * s * h,
+             "full": 2 * L * shape.layer_params() + 4 * L * s * h}
+    if recompute not in extra:
+        raise ShapeError(f"unknown recompute {recompute!r}; choose from {', '.join(extra)}")
+    return {"model": model, "recompute": extra[recompute], "hardware": model + extra[recompute]}
+
+
+def links(lay: Layout, dev: Device) -> dict[str, tuple[float, bool]]:
+    """(bandwidth, bidirectional) of each mesh axis, placed tp, cp, pp, dp from the inside."""
+    out, inner = {}, 1
+    for axis in ("tp", "cp", "pp", "dp"):
+        inner *= getattr(lay, axis)
+        within = inner <= dev.node_size
+        out[axis] = (dev.intra, dev.bidirectional) if within else (dev.inter, False)
+    return out
+
+
+def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
+              efficiency: float = 0.7, budget: str = "mixed-adam",
+              overlap: bool = True) -> dict:
+    """Predicted seconds per step, by part, with tokens/s, MFU and HFU (module docstring)."""
+    check(shape, lay, batch)
+    if not 0 < efficiency <= 1:
+        raise ShapeError(f"efficiency is a fraction of the peak in (0, 1], got {efficiency}")
+    d, m = lay.devices, lay.micro_batches(batch)
+    fl = flops_per_token(shape, lay.recompute)
+    tokens = batch * shape.seq
+    compute = tokens * fl["hardware"] / d / (dev.peak * efficiency)
+    bubble = compute * (lay.pp - 1) / (lay.virtual * m)
+    net = links(lay, dev)
+    sent = {"tp": 0.0, "cp": 0.0, "pp": 0.0, "dp": 0.0}  # bytes per device per step
+
+    group = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp * lay.cp}
+
+    def coll(kind, n, axis, times=1):
+        bw, bidi = net[axis]
+        sent[axis] += times * collective_bytes(kind, n, group[axis])
+        return times * collective_seconds(kind, n, group[axis], bw, dev.latency, bidi)
+
+    layers_here = shape.layers // lay.pp
+    local = lay.micro_batch * shape.seq // lay.cp  # tokens of one micro-batch on a device
+    act = local * shape.hidden * ACT_BYTES
+    per_layer = 6 if lay.recompute == "full" else 4
+    tp = coll("all_reduce", act, "tp", layers_here * m * per_layer)
+
+    kv = 2 * local * shape.kv_hidden * ACT_BYTES  # k and v of this device's tokens
+    hops = (lay.cp - 1) * (3 + (lay.recompute == "full"))
+    cp_bw = net["cp"][0]
+    cp_total = layers_here * m * hops * (dev.latency + kv / cp_bw) if lay.cp > 1 else 0.0
+    sent["cp"] = layers_here * m * hops * kv if lay.cp > 1 else 0.0
+    attention = compute * 12 * shape.layers * shape.seq * shape.hidden / fl["hardware"]
+    cp = max(0.0, cp_total - attention) if overlap else cp_total
+
+    send = act / lay.tp
+    pp = 2 * lay.virtual * m * (dev.latency + send / net["pp"][0]) if lay.pp > 1 else 0.0
+    sent["pp"] = 2 * lay.virtual * m * send if lay.pp > 1 else 0.0
+
+    w_bytes, g_bytes, _ = BUDGETS[budget]
+    shard = shape.params() / (lay.tp * lay.pp)
+    backward = compute * (2 / 3 * fl["model"] + fl["recompute"]) / fl["hardware"]
+    if lay.zero <= 1:
+        dp_total, window = coll("all_reduce", shard * g_bytes, "dp"), backward / m
+    elif lay.zero == 2:
+        rs = coll("reduce_scatter", shard * g_bytes, "dp", m)
+        dp_total = rs + coll("all_gather", shard * w_bytes, "dp")
+        window = backward
+    else:
+        dp_total = (coll("all_gather", shard * w_bytes, "dp", 2 * m)
+                    + coll("reduce_scatter", shard * g_bytes, "dp", m))
+        window = compute
+    dp = max(0.0, dp_total - window) if overlap else dp_total
+
+    step = compute + bubble + tp + pp + cp + dp
+    per_s = tokens / step
+    return {"compute": compute, "bubble": bubble, "tp": tp, "pp": pp, "cp": cp, "dp": dp,
+            "cp_total": cp_total, "dp_total": dp_total, "step": step,
+            "bytes_sent": sent, "bytes_sent_total": sum(sent.values()),
+            "bubble_fraction": (lay.pp - 1) / (lay.virtual * m),
+            "tokens_per_s": per_s, "flops_per_token": fl,
+            "mfu": fl["model"] * per_s / (d * dev.peak),
+            "hfu": fl["hardware"] * per_s / (d * dev.peak),
+            "links": {k: {"bandwidth": v[0], "bidirectional": v[1]} for k, v in net.items()}}
