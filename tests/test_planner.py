@@ -183,8 +183,11 @@ def test_plan_cli_70b(cli):
     assert best["layout"]["devices"] == 64 and best["fits"]
     assert r["rules"] == P.RULES and len(r["alternatives"]) == 5
     assert best["time"]["step"] <= min(x["time"]["step"] for x in r["alternatives"])
+    assert r["roofline"]["matmul_critical_tokens"] == pytest.approx(989e12 / 3.35e12)
+    assert r["roofline"]["dp_critical_tokens_inter"] == pytest.approx(989e12 / 50e9)
+    assert r["roofline"]["tokens_per_device"] == 256 * 4096 / 64
     out = cli("plan", "--params", "70e9", "--devices", "64", "--device", "h100", "--top", "1")
-    assert "recommended" in out and "rule 5" in out and "MFU" in out
+    assert "recommended" in out and "rule 5" in out and "MFU" in out and "roofline" in out
 
 
 def test_plan_cli_fix_and_toolbox(cli):
@@ -214,3 +217,21 @@ def test_bytes_sent_follow_the_ring_volumes():
     psi = SMALL.params()
     assert z3["bytes_sent"]["dp"] == pytest.approx(4 * (2 * 2 + 2) * psi * 3 / 4)
     assert z3["bytes_sent_total"] == z3["bytes_sent"]["dp"]
+
+
+def test_llama_7b_and_70b_on_one_node_of_eight_80gb_gpus():
+    """7B: 16 bytes x 6.74e9 = 108 GB of states do not fit one 80 GB device, so every layout
+    shards them over all eight (ZeRO-3 over dp x cp); plain FSDP (dp 8, ZeRO-3) is within
+    5% of the best. 70B: 1.1 TB of mixed-precision Adam states cannot fit 640 GB, whatever
+    the layout; with a bf16 budget (8 bytes) it does, on tp x pp with full recompute."""
+    h100 = device("h100")
+    seven = P.ranked(P.Job(P.REFERENCES["Llama-2-7B"][1], 64, 8, h100))
+    best = seven[0]["layout"]
+    assert best["zero"] == 3 and best["dp"] * best["cp"] == 8
+    fsdp = next(r for r in seven if r["layout"]["dp"] == 8 and r["layout"]["zero"] == 3)
+    assert fsdp["time"]["step"] <= 1.05 * seven[0]["time"]["step"]
+    seventy = P.plan(P.Job(P.REFERENCES["Llama-2-70B"][1], 64, 8, h100))
+    assert seventy["recommended"] is None and seventy["closest_memory_miss"] is not None
+    bf16 = P.plan(P.Job(P.REFERENCES["Llama-2-70B"][1], 64, 8, h100, budget="bf16"))
+    lay = bf16["recommended"]["layout"]
+    assert lay["tp"] * lay["pp"] == 8 and lay["recompute"] == "full"

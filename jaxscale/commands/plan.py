@@ -156,6 +156,12 @@ def compute(args) -> dict:
                 sequence_parallel=not args.no_sequence_parallel)
     out = P.plan(job, args.top)
     out["shape_source"] = source
+    out["roofline"] = {  # the scaling book's critical batch sizes for this device
+        "tokens_per_device": args.batch * t.seq / args.devices,
+        "matmul_critical_tokens": D.matmul_critical_batch(dev),
+        "dp_critical_tokens_intra": D.comm_critical_batch(
+            dev, dev.intra * (2 if dev.bidirectional else 1)),
+        "dp_critical_tokens_inter": D.comm_critical_batch(dev, dev.inter)}
     if args.params is not None and abs(args.params / t.params() - 1) > 0.02:
         out["params_note"] = (f"--params {args.params:.4g} differs from the shape's "
                               f"{t.params():.4g}: memory and time use the shape's count")
@@ -193,6 +199,12 @@ def render(r: dict) -> None:
           f"one way; budget {j['budget']}")
     if r.get("params_note"):
         print(f"  note: {r['params_note']}")
+    rl = r["roofline"]
+    print(f"  roofline: {rl['tokens_per_device']:,.0f} tokens per device per step; a bf16 "
+          f"matmul is compute-bound above {rl['matmul_critical_tokens']:,.0f} tokens (peak / "
+          f"HBM bandwidth); data parallelism hides its reduction behind compute above "
+          f"{rl['dp_critical_tokens_intra']:,.0f} tokens per device inside a node, "
+          f"{rl['dp_critical_tokens_inter']:,.0f} across nodes (peak / link bandwidth)")
     for i, rule in enumerate(r["rules"], 1):
         print(f"  rule {i}: {rule}")
     best = r["recommended"]
