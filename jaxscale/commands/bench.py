@@ -31,7 +31,7 @@ def _list(kind, name: str, choices=None):
 
 def register(subparsers) -> None:
     from jaxscale.commands import runtime
-    from jaxscale.commands.memory import preset_summary
+    from jaxscale.commands.calculator_args import preset_summary
     from jaxscale.model import PRESETS, REMAT_POLICIES
     from jaxscale.precision import POLICIES
 

@@ -11,7 +11,7 @@ pipeline and data parallelism each move per step (jaxscale.costmodel has the for
 from __future__ import annotations
 
 from jaxscale import costmodel as cm
-from jaxscale.commands.memory import (
+from jaxscale.commands.calculator_args import (
     add_shape_options,
     count_arg,
     describe_shape,

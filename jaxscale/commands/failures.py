@@ -11,7 +11,7 @@ and their derivation are in jaxscale.failures.
 from __future__ import annotations
 
 from jaxscale import failures as F
-from jaxscale.commands.memory import emit, size_arg, table
+from jaxscale.commands.calculator_args import emit, size_arg, table
 
 
 def register(subparsers) -> None:

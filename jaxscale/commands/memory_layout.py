@@ -13,13 +13,13 @@ jaxscale.costmodel (activations, states, layout); nothing here computes a figure
 from __future__ import annotations
 
 from jaxscale import costmodel as cm
+from jaxscale.commands.calculator_args import STAGE_NAMES, bytes_arg, size_arg, table
 from jaxscale.costmodel import activations as A
 from jaxscale.costmodel import states as S
 
-STAGES = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
 
 
-def add_options(p, size_arg, bytes_arg) -> None:
+def add_options(p) -> None:
     g = p.add_argument_group("layout (tensor, sequence, pipeline, context parallelism)")
     g.add_argument("--tp", type=size_arg(), default=1, metavar="T", help="tensor-parallel degree")
     g.add_argument("--sequence-parallel", action="store_true",
@@ -76,7 +76,7 @@ def compute(args, shape, params: float) -> dict:
                        "micro_batch": args.batch, "schedule": schedule},
            "budget": args.bytes_per_param, "offload": args.offload, "recompute": recompute}
     largest = shape.layer_params() / tp if shape is not None else 0.0
-    states = [{"stage": z, "name": STAGES[z],
+    states = [{"stage": z, "name": STAGE_NAMES[z],
                **S.state_memory(params, dp, z, args.bytes_per_param, args.offload, tp * pp,
                                 largest)} for z in range(4)]
     out["states"] = states
@@ -114,7 +114,7 @@ def compute(args, shape, params: float) -> dict:
         for row in out["per_device"]:
             row["fits"] = row["total"] <= args.device_memory
     if args.max_model:
-        out["max_model"] = [{"stage": z, "name": STAGES[z], "params": S.max_params(
+        out["max_model"] = [{"stage": z, "name": STAGE_NAMES[z], "params": S.max_params(
             args.device_memory, dp, z, args.bytes_per_param, args.offload, tp * pp)}
             for z in range(4)]
     if args.deepspeed:
@@ -132,7 +132,8 @@ def compute(args, shape, params: float) -> dict:
     return out
 
 
-def render(r: dict, table, hb) -> None:
+def render(r: dict) -> None:
+    hb = cm.human_bytes
     d = r["degrees"]
     chunks = f" (v {d['virtual']})" if d["virtual"] > 1 else ""
     where = (f"dp {d['dp']} x tp {d['tp']}{' + sp' if d['sequence_parallel'] else ''} x pp "

@@ -15,8 +15,9 @@ from dataclasses import replace
 
 from jaxscale import costmodel as cm
 from jaxscale import planner as P
-from jaxscale.commands.memory import (
+from jaxscale.commands.calculator_args import (
     add_shape_options,
+    arg_type,
     bytes_arg,
     count_arg,
     describe_shape,
@@ -99,9 +100,9 @@ def register(subparsers) -> None:
                    help="cap on the bubble (p-1)/(v m) (default: none; the time ranks it)")
     p.add_argument("--fix", type=_fixed_arg, default=(), metavar="NAME=N,...",
                    help=f"hold degrees fixed, e.g. dp=1,cp=1 ({', '.join(P.FIXABLE)})")
-    p.add_argument("--recompute-choices", type=_arg(_choices(P.RECOMPUTE)), default=P.RECOMPUTE,
+    p.add_argument("--recompute-choices", type=arg_type(_choices(P.RECOMPUTE)), default=P.RECOMPUTE,
                    metavar="LIST", help="recompute policies to try (default none,selective,full)")
-    p.add_argument("--zero-choices", type=_arg(_choices((0, 1, 2, 3))), default=(0, 1, 2, 3),
+    p.add_argument("--zero-choices", type=arg_type(_choices((0, 1, 2, 3))), default=(0, 1, 2, 3),
                    metavar="LIST", help="ZeRO stages to try (default 0,1,2,3)")
     p.add_argument("--no-sequence-parallel", action="store_true",
                    help="never use sequence parallelism (a 2021 Megatron had none)")
@@ -111,12 +112,7 @@ def register(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _arg(parse):
-    from jaxscale.commands.memory import _arg_type
-    return _arg_type(parse)
-
-
-_fixed_arg = _arg(_fixed)
+_fixed_arg = arg_type(_fixed)
 
 
 def compute(args) -> dict:

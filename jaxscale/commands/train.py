@@ -14,7 +14,7 @@ def register(subparsers) -> None:
     from jaxscale import distributed
     from jaxscale.checkpoint import CheckpointOptions
     from jaxscale.commands import runtime
-    from jaxscale.commands.memory import preset_summary
+    from jaxscale.commands.calculator_args import preset_summary
     from jaxscale.model import PRESETS, REMAT_POLICIES
     from jaxscale.parallel.schedule import SCHEDULES
     from jaxscale.paths import output_dir
