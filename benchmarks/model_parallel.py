@@ -59,7 +59,7 @@ def main():
         if plan.pp > 1:
             t = tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
             row["tick_idle_share"] = float(np.mean(t.kind == IDLE))
-            row["formula"] = float(sched.bubble_fraction(plan.schedule, plan.pp,
+            row["formula"] = float(sched.bubble_over_total(plan.schedule, plan.pp,
                                                          plan.micro_batches, plan.virtual))
         result["plans"][name] = row
         print(f"{name}: {row['ratio_to_single']:.2f}x"

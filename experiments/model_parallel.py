@@ -166,7 +166,7 @@ def part_d(lab: Lab, out: Path) -> dict:
             f"{schedule}, p=4, m=4{f', v={v}' if v > 1 else ''}: idle "
             f"{float(tl.idle_fraction):.1%} (simulated)"))
         res[schedule] = {"idle_simulated": float(tl.idle_fraction),
-                         "idle_formula": float(sched.bubble_fraction(schedule, 4, 4, v)),
+                         "idle_formula": float(sched.bubble_over_total(schedule, 4, 4, v)),
                          "peak_in_flight": tl.peak_in_flight}
     need = {p: sched.smallest_micro_batches("1f1b", p) for p in (4, 8)}
     print_table("   idle fraction: simulator vs formula; exercise 3 (idle <= 10%)",

@@ -268,8 +268,8 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
         out["_final_params"] = distributed.named_host_arrays(step.full_params(state))
     if table is not None:  # the idle share of the schedule the executor runs (unit ticks)
         out["idle_schedule"] = table.branch_share()[0]
-        from jaxscale.parallel.schedule import bubble_fraction
-        out["idle_formula"] = float(bubble_fraction(plan.schedule, plan.pp, plan.micro_batches,
+        from jaxscale.parallel.schedule import bubble_over_total
+        out["idle_formula"] = float(bubble_over_total(plan.schedule, plan.pp, plan.micro_batches,
                                                     plan.virtual))
     return out
 

@@ -220,7 +220,7 @@ def search(job: Job) -> dict:
                 why.add("memory")
                 if closest is None or row["memory"]["total"] < closest["memory"]["total"]:
                     closest = row
-            elif job.max_bubble is not None and row["time"]["bubble_fraction"] > job.max_bubble:
+            elif job.max_bubble is not None and row["time"]["bubble_over_ideal"] > job.max_bubble:
                 why.add("bubble")
             else:
                 fitting.append(row)

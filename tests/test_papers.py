@@ -141,10 +141,10 @@ def test_zero_table2_max_model_sizes():
 def test_narayanan_bubble_and_ours_agree_on_one_pipeline():
     """(p-1)/m and (p-1)/(v m) over the ideal time; our simulator measures idle over the whole
     time, (p-1)/(v m + p - 1): the same bubble b, reported as b / (1 - b) and b."""
-    from jaxscale.parallel.schedule import bubble_fraction
+    from jaxscale.parallel.schedule import bubble_over_total
 
     for p, m, v, schedule in ((4, 8, 1, "1f1b"), (8, 16, 1, "gpipe"), (4, 8, 2, "interleaved")):
-        measured = float(bubble_fraction(schedule, p, m, v))
+        measured = float(bubble_over_total(schedule, p, m, v))
         assert measured == pytest.approx(cm.bubble_over_total(p, m, v))
         assert cm.bubble_over_ideal(p, m, v) == pytest.approx(measured / (1 - measured))
         assert cm.bubble_over_ideal(p, m, v) == (p - 1) / (v * m)

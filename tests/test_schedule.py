@@ -9,7 +9,7 @@ import jaxscale.cli
 from jaxscale.commands.schedule import (MAX_FORWARDS, MAX_MICRO_BATCHES, MAX_STAGES,
                                         MAX_VIRTUAL)
 from jaxscale.parallel.gantt import gantt_figure, gantt_png
-from jaxscale.parallel.schedule import (Action, ScheduleError, bubble_fraction, run,
+from jaxscale.parallel.schedule import (Action, ScheduleError, bubble_over_total, run,
                                         simulate, smallest_micro_batches, stage_orders,
                                         text_chart)
 
@@ -36,7 +36,7 @@ def test_measured_idle_equals_the_formula_exactly(costs):
     for name, p, m, v in GRID:
         tl = run(name, p, m, v, *costs)
         assert tl.idle_fraction == Fraction(p - 1, v * m + p - 1), (name, p, m, v, costs)
-        assert tl.idle_fraction == bubble_fraction(name, p, m, v)
+        assert tl.idle_fraction == bubble_over_total(name, p, m, v)
         f, b = (Fraction(str(c)) for c in costs)
         assert tl.busy == [m * (f + b)] * p  # every device does its whole share, no more
 

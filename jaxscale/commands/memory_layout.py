@@ -23,7 +23,8 @@ def add_options(p) -> None:
     g = p.add_argument_group("layout (tensor, sequence, pipeline, context parallelism)")
     g.add_argument("--tp", type=size_arg(), default=1, metavar="T", help="tensor-parallel degree")
     g.add_argument("--sequence-parallel", action="store_true",
-                   help="split the LayerNorm/dropout regions over the tp group too (needs --tp >= 2)")
+                   help="split the LayerNorm/dropout regions over the tp group too "
+                        "(needs --tp >= 2)")
     g.add_argument("--pp", type=size_arg(), default=1, metavar="P", help="pipeline stages")
     g.add_argument("--virtual", type=size_arg(), default=1, metavar="V",
                    help="model chunks per pipeline device: interleaved 1F1B when > 1")
@@ -86,8 +87,8 @@ def compute(args, shape, params: float) -> dict:
             raise cm.CostModelError(f"--pp {pp} x --virtual {args.virtual} does not divide the "
                                     f"{shape.layers} layers")
         if shape.heads % tp or shape.kv % tp:
-            raise cm.CostModelError(f"--tp {tp} does not divide the {shape.heads} heads"
-                                    + (f" ({shape.kv} kv heads)" if shape.kv != shape.heads else ""))
+            kv = f" ({shape.kv} kv heads)" if shape.kv != shape.heads else ""
+            raise cm.CostModelError(f"--tp {tp} does not divide the {shape.heads} heads{kv}")
         if shape.seq % cp:
             raise cm.CostModelError(f"--cp {cp} does not divide the sequence length {shape.seq}")
         kw = dict(micro_batch=args.batch, flash_attention=args.flash_attention,

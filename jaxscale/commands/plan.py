@@ -172,7 +172,7 @@ COLUMNS = ["layout", "m", "bubble", "states", "activations", "memory", "of devic
 
 def _row(r: dict) -> list:
     m, t = r["memory"], r["time"]
-    return [r["name"], r["micro_batches"], f"{100 * t['bubble_fraction']:.1f}%",
+    return [r["name"], r["micro_batches"], f"{100 * t['bubble_over_ideal']:.1f}%",
             short_bytes(m["states"]), short_bytes(m["activations"]), short_bytes(m["total"]),
             f"{100 * r['of_device']:.0f}%", short_bytes(t["bytes_sent_total"])] + [
                 f"{t[k]:.3g}" for k in (

@@ -74,7 +74,7 @@ def _cmd_schedule(args) -> int:
     orders = sched.stage_orders(name, p, m, v)
     tl = sched.simulate(orders, p, m, v, args.forward_cost, args.backward_cost)
     formula_text = "(p-1)/(v*m+p-1)" if v > 1 else "(p-1)/(m+p-1)"
-    formula, simulated = sched.bubble_fraction(name, p, m, v), tl.idle_fraction
+    formula, simulated = sched.bubble_over_total(name, p, m, v), tl.idle_fraction
     chart = sched.text_chart(tl)
     png = None if args.png is None else str(args.png)
     if png:

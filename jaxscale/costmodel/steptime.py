@@ -79,7 +79,8 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
     fl = flops_per_token(shape, lay.recompute)
     tokens = batch * shape.seq
     compute = tokens * fl["hardware"] / d / (dev.peak * efficiency)
-    bubble = compute * (lay.pp - 1) / (lay.virtual * m)
+    bubble_share = (lay.pp - 1) / (lay.virtual * m)  # bubble over ideal time
+    bubble = compute * bubble_share
     net = links(lay, dev)
     sent = {"tp": 0.0, "cp": 0.0, "pp": 0.0, "dp": 0.0}  # bytes per device per step
 
@@ -128,7 +129,7 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
     return {"compute": compute, "bubble": bubble, "tp": tp, "pp": pp, "cp": cp, "dp": dp,
             "cp_total": cp_total, "dp_total": dp_total, "step": step,
             "bytes_sent": sent, "bytes_sent_total": sum(sent.values()),
-            "bubble_fraction": (lay.pp - 1) / (lay.virtual * m),
+            "bubble_over_ideal": bubble_share,
             "tokens_per_s": per_s, "flops_per_token": fl,
             "mfu": fl["model"] * per_s / (d * dev.peak),
             "hfu": fl["hardware"] * per_s / (d * dev.peak),

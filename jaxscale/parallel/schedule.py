@@ -206,8 +206,11 @@ def simulate(orders: list[list[Action]], p: int, m: int, v: int = 1,
     return Timeline(p, m, v, rows)
 
 
-def bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> Fraction:
-    """The textbook idle fraction: (p-1)/(m+p-1), and (p-1)/(v*m+p-1) when interleaved."""
+def bubble_over_total(schedule: str, p: int, m: int, v: int = 1) -> Fraction:
+    """The textbook idle fraction, idle over the whole time: (p-1)/(m+p-1), and
+    (p-1)/(v*m+p-1) when interleaved; exact, to compare with the simulated timeline. The
+    float twin for any sizes is jaxscale.costmodel.bubble_over_total; Narayanan et al.'s
+    bubble over ideal time is jaxscale.costmodel.bubble_over_ideal."""
     check_sizes(schedule, p, m, v)
     return Fraction(p - 1, v * m + p - 1)
 
