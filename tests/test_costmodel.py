@@ -2,6 +2,7 @@
 import pytest
 
 from jaxscale import costmodel as cm
+from jaxscale.costmodel import units
 
 
 def test_ring_volume_is_almost_independent_of_k():
@@ -184,14 +185,14 @@ def test_lora_adapters_and_finetune_bytes():
     ("7e9", 7e9), ("7B", 7e9), ("70b", 70e9), ("350M", 350e6), ("1.5T", 1.5e12),
     ("7_000_000_000", 7e9), ("12k", 12e3)])
 def test_parse_count(text, value):
-    assert cm.parse_count(text) == pytest.approx(value)
+    assert units.parse_count(text) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("text, value", [
     ("80GB", 80e9), ("80 GB", 80e9), ("80GiB", 80 * GIB), ("512MB", 512e6), ("8e10", 8e10),
     ("1.5tb", 1.5e12), ("16MiB", 16 * 2**20)])
 def test_parse_bytes(text, value):
-    assert cm.parse_bytes(text) == pytest.approx(value)
+    assert units.parse_bytes(text) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("text, words", [
@@ -200,9 +201,9 @@ def test_parse_bytes(text, value):
     ("", "not understood")])
 def test_parse_errors(text, words):
     with pytest.raises(cm.CostModelError, match=words):
-        cm.parse_bytes(text)
+        units.parse_bytes(text)
     with pytest.raises(cm.CostModelError):
-        cm.parse_count(text)
+        units.parse_count(text)
 
 
 def test_links_by_name_or_bandwidth():
@@ -217,5 +218,5 @@ def test_links_by_name_or_bandwidth():
 
 
 def test_human_bytes_says_both_units():
-    assert cm.human_bytes(120e9) == "120.00 GB (111.76 GiB)"
-    assert cm.human_bytes(32 * 2**20) == "33.6 MB (32.0 MiB)"
+    assert units.human_bytes(120e9) == "120.00 GB (111.76 GiB)"
+    assert units.human_bytes(32 * 2**20) == "33.6 MB (32.0 MiB)"

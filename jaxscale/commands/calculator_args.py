@@ -11,6 +11,7 @@ import argparse
 import json
 
 from jaxscale import costmodel as cm
+from jaxscale.costmodel import units
 
 STAGE_NAMES = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]  # ZeRO stage 0-3, as tables print them
 
@@ -30,8 +31,8 @@ def arg_type(parse):
 # model has, and small enough that divisors are found at once and products stay finite.
 MAX_SIZE = 10**9
 
-count_arg = arg_type(cm.parse_count)  # "7e9", "7B", "350M"
-bytes_arg = arg_type(cm.parse_bytes)  # "80GB", "80GiB", "8e10"
+count_arg = arg_type(units.parse_count)  # "7e9", "7B", "350M"
+bytes_arg = arg_type(units.parse_bytes)  # "80GB", "80GiB", "8e10"
 link_arg = arg_type(cm.link_bandwidth)  # "nvlink", "infiniband", "ethernet" or GB/s
 
 
@@ -156,10 +157,10 @@ def emit(args, result: dict, render) -> int:
 
 def gb(n: float) -> str:
     """GB (1e9) with two decimals; PB (1e15) from there on."""
-    return f"{n / 1e9:,.2f} GB" if abs(n) < 1e15 else cm.short_bytes(n)
+    return f"{n / 1e9:,.2f} GB" if abs(n) < 1e15 else units.short_bytes(n)
 
 
-short_bytes = cm.short_bytes  # GB or MB, for tables too narrow for both units
+short_bytes = units.short_bytes  # GB or MB, for tables too narrow for both units
 
 
 def describe_shape(shape: dict | None, params: float, source: str) -> str:

@@ -22,6 +22,7 @@ from jaxscale.commands.calculator_args import (
     size_arg,
     table,
 )
+from jaxscale.costmodel import units
 
 
 def register(subparsers) -> None:
@@ -133,7 +134,7 @@ def _t(seconds: float) -> str:
 def render(r: dict) -> None:
     from jaxscale.report import plural
 
-    hb, d = cm.human_bytes, r["dp"]
+    hb, d = units.human_bytes, r["dp"]
     table(f"data-parallel gradient all-reduce: {r['model']}; x {r['grad_bytes']} bytes per "
           f"gradient, K = {plural(r['devices'], 'device')}, on {r['link']}",
           ["", "bytes", f"time on {r['link']}"],

@@ -24,6 +24,7 @@ from jaxscale.commands.calculator_args import (
     table,
     transformer,
 )
+from jaxscale.costmodel import units
 
 
 def register(subparsers) -> None:
@@ -129,7 +130,7 @@ def compute(args) -> dict:
 def render(r: dict) -> None:
     from jaxscale.report import plural
 
-    hb = cm.human_bytes
+    hb = units.human_bytes
     shape = r["shape"]
     desc = describe_shape(shape, r["params"], r["params_source"])
     if shape:

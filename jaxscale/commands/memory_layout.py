@@ -16,6 +16,7 @@ from jaxscale import costmodel as cm
 from jaxscale.commands.calculator_args import STAGE_NAMES, bytes_arg, size_arg, table
 from jaxscale.costmodel import activations as A
 from jaxscale.costmodel import states as S
+from jaxscale.costmodel import units
 
 
 
@@ -134,7 +135,7 @@ def compute(args, shape, params: float) -> dict:
 
 
 def render(r: dict) -> None:
-    hb = cm.human_bytes
+    hb = units.human_bytes
     d = r["degrees"]
     chunks = f" (v {d['virtual']})" if d["virtual"] > 1 else ""
     where = (f"dp {d['dp']} x tp {d['tp']}{' + sp' if d['sequence_parallel'] else ''} x pp "
