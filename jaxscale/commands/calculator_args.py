@@ -160,9 +160,6 @@ def gb(n: float) -> str:
     return f"{n / 1e9:,.2f} GB" if abs(n) < 1e15 else units.short_bytes(n)
 
 
-short_bytes = units.short_bytes  # GB or MB, for tables too narrow for both units
-
-
 def describe_shape(shape: dict | None, params: float, source: str) -> str:
     """'6.592e+09 parameters (preset 7b's count); preset 7b: 32 layers, h = 4096, ...': the
     parameter count with the model it belongs to, so that two "7B" models are told apart."""

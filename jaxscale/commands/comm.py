@@ -18,11 +18,10 @@ from jaxscale.commands.calculator_args import (
     emit,
     link_arg,
     model_shape,
-    short_bytes,
     size_arg,
     table,
 )
-from jaxscale.costmodel import units
+from jaxscale.costmodel.units import human_bytes, short_bytes
 
 
 def register(subparsers) -> None:
@@ -134,7 +133,7 @@ def _t(seconds: float) -> str:
 def render(r: dict) -> None:
     from jaxscale.report import plural
 
-    hb, d = units.human_bytes, r["dp"]
+    hb, d = human_bytes, r["dp"]
     table(f"data-parallel gradient all-reduce: {r['model']}; x {r['grad_bytes']} bytes per "
           f"gradient, K = {plural(r['devices'], 'device')}, on {r['link']}",
           ["", "bytes", f"time on {r['link']}"],

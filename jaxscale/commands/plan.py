@@ -24,14 +24,13 @@ from jaxscale.commands.calculator_args import (
     emit,
     link_arg,
     model_shape,
-    short_bytes,
     size_arg,
     table,
     transformer,
 )
 from jaxscale.costmodel import devices as D
 from jaxscale.costmodel import states as S
-from jaxscale.costmodel import units
+from jaxscale.costmodel.units import human_bytes, short_bytes
 
 
 def _fixed(text: str) -> tuple[tuple[str, int], ...]:
@@ -190,7 +189,7 @@ def render(r: dict) -> None:
           f"embeddings; {r['shape_source']}); batch "
           f"{plural(j['batch'], 'sequence')} x {plural(s['seq'], 'token')}; "
           f"{plural(j['devices'], 'device')} {dev['name']} ({dev['peak'] / 1e12:g} TFLOP/s "
-          f"bf16 x efficiency {j['efficiency']:g}, {units.human_bytes(dev['memory'])}, "
+          f"bf16 x efficiency {j['efficiency']:g}, {human_bytes(dev['memory'])}, "
           f"{100 * j['usable']:.0f}% usable) in nodes of {dev['node_size']}; links "
           f"{dev['intra'] / 1e9:g} GB/s inside a node, {dev['inter'] / 1e9:g} GB/s between, "
           f"one way; budget {j['budget']}")

@@ -19,7 +19,7 @@ _BYTES = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
 MAX_COUNT, MAX_BYTES = 1e15, 1e18
 
 
-def _parse(text: str, units: dict, what: str, examples: str, maximum: float) -> float:
+def _parse(text: str, scale: dict, what: str, examples: str, maximum: float) -> float:
     s = str(text).strip().replace("_", "").replace(",", "")
     if s.lower().lstrip("+-") in ("nan", "inf", "infinity"):
         raise CostModelError(f"{what} {text!r} is not understood: it must be a finite number "
@@ -27,7 +27,7 @@ def _parse(text: str, units: dict, what: str, examples: str, maximum: float) -> 
     num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     unit = s[len(num):].strip().lower()
     try:
-        value = float(num) * units[unit]
+        value = float(num) * scale[unit]
     except (ValueError, KeyError):
         raise CostModelError(f"{what} {text!r} is not understood; write e.g. {examples}") from None
     if not (value > 0 and value != float("inf")):
