@@ -5,7 +5,7 @@
 On 8 forced CPU devices, per model (tiny, small, and `large-cpu`: an ad-hoc 8-layer,
 d_model 512 model of 25.3M parameters, the largest that keeps this benchmark within a few
 minutes on 2 cores), the state after two AdamW steps under Plan(dp=8, zero_stage=3) (and
-the same state laid out for the single-device Plan()) is saved with jaxscale.checkpoint's
+the same state laid out for the single-device Plan()) is saved with jaxscale.training.checkpoint.manager's
 Checkpointer, as `train` does: `to_canonical` (timed on its own), then `save`. Sync
 (async_save=False) and async saves alternate round-robin, each in its own directory
 (keep=2), one untimed warm-up save each first. Recorded per round:
@@ -43,21 +43,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxscale.devices import force_cpu_devices  # noqa: E402
+from jaxscale.runtime.devices import force_cpu_devices  # noqa: E402
 
 force_cpu_devices(8)
 
 import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jaxscale import garden, model as M  # noqa: E402
-from jaxscale.checkpoint import (Checkpointer, CheckpointOptions, _digest, run_meta,  # noqa: E402
-                                 flat_items, listing, versions)
-from jaxscale.checkpoint_dir import dir_bytes  # noqa: E402
-from jaxscale.cli import enable_compilation_cache  # noqa: E402
+from jaxscale import garden  # noqa: E402
+from jaxscale.model import transformer as M  # noqa: E402
+from jaxscale.training.checkpoint.manager import (Checkpointer, CheckpointOptions, _digest,
+    run_meta, flat_items, listing, versions)
+from jaxscale.training.checkpoint.store import dir_bytes  # noqa: E402
+from jaxscale.cli.main import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
-from jaxscale.train import (TrainConfig, as_arrays, lr_schedule,  # noqa: E402
-                            make_optimizer)
+from jaxscale.training.train import TrainConfig, as_arrays, lr_schedule, make_optimizer
 
 BATCH = 8
 TARGET = 0.10
@@ -293,7 +293,7 @@ def main():
                             "background write (async; ~0 for sync)",
             "orbax_save_s": "Orbax's CheckpointManager.save inside save_call_s (the rest "
                             "is the digest and the meta dict)",
-            "digest_s": "jaxscale.checkpoint.digest of the state alone, timed after the "
+            "digest_s": "jaxscale.training.checkpoint.manager.digest of the state alone, timed after the "
                         "round (inside save_call_s)",
             "ratio_async_orbax_part_to_sync_blocked": "async orbax_save_s / sync blocked_s: "
                                                       "the ratio without to_canonical and "

@@ -6,7 +6,7 @@ Runs `jaxscale compare` (defaults: 8 forced CPU devices, the tiny model, every d
 strategy) `repeats` times in fresh processes. Each run measures its own calibration (the
 matmul rate, the all-reduce bandwidth, the latency of one collective) and predicts every
 strategy's step time from its FLOPs, its predicted bytes and its HLO's collectives
-(jaxscale/commands/compare_time.py). Records, per run and as medians over the runs: the
+(jaxscale/compare/time_model.py). Records, per run and as medians over the runs: the
 rank agreement (Spearman's rho between predicted and measured step times) and each row's
 measured / predicted ratio, in benchmarks/results/compare_time_model.json.
 """

@@ -16,16 +16,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jaxscale.devices import force_cpu_devices  # noqa: E402
+from jaxscale.runtime.devices import force_cpu_devices  # noqa: E402
 
 force_cpu_devices(8)
 
 import jax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from jaxscale import garden, measure, model as M, optim, precision  # noqa: E402
+from jaxscale import garden  # noqa: E402
+from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.model import transformer as M, optim, precision  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
-from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

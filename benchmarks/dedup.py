@@ -135,10 +135,10 @@ def current_rss() -> int:
 
 
 def start_jax(n_devices: int):
-    from jaxscale.devices import force_cpu_devices
+    from jaxscale.runtime.devices import force_cpu_devices
     devices = force_cpu_devices(n_devices)
     os.environ.setdefault("JAXSCALE_CACHE_DIR", "off")  # compile time is measured apart
-    from jaxscale.cli import enable_compilation_cache
+    from jaxscale.cli.main import enable_compilation_cache
     enable_compilation_cache()
     return devices
 

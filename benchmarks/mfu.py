@@ -8,10 +8,10 @@ The CPU benchmark (the default command): models tiny and small on ONE CPU device
 the layers scanned, einsum attention) at batch 8 and 32, and for small at batch 32 the same
 step with the layers unrolled (`--unroll`) and with XLA's attention (`--attention xla`).
 Each of the `--repeats` repeats is a full bench run in this process: a matmul peak measured
-first (`jaxscale.hardware.measure_matmul_peak`), then every configuration through
+first (`jaxscale.measure.hardware.measure_matmul_peak`), then every configuration through
 `jaxscale.bench.run` (compile, `--warmup` steps, the median of `--steps` timed steps), the
 order rotated from repeat to repeat so that load on a shared machine hits all alike. MFU is
-model FLOPs per token (jaxscale.flops, non-causal attention) x tokens/s over that repeat's
+model FLOPs per token (jaxscale.model.flops, non-causal attention) x tokens/s over that repeat's
 matmul peak; a CPU has no datasheet figure. Reported per configuration: the medians over
 repeats of step ms, tokens/s and MFU; and the two comparisons as the median over repeats
 of the ratio within one repeat (unrolled / scanned, xla / einsum step time).
@@ -95,7 +95,8 @@ def machine() -> dict:
 
 def repeat_once(configs, device, order) -> dict:
     """One full bench run: a matmul peak, then every configuration (in `order`)."""
-    from jaxscale import bench, hardware
+    from jaxscale import bench
+    from jaxscale.measure import hardware
 
     peak = hardware.measure_matmul_peak(device)
     rows = {}
@@ -127,9 +128,10 @@ def summarise(label, cfg, runs) -> dict:
 
 
 def cpu_benchmark(args) -> dict:
-    from jaxscale import bench, devices
-    from jaxscale.checkpoint_dir import versions as jaxscale_versions
-    from jaxscale.cli import enable_compilation_cache
+    from jaxscale import bench
+    from jaxscale.runtime import devices
+    from jaxscale.training.checkpoint.store import versions as jaxscale_versions
+    from jaxscale.cli.main import enable_compilation_cache
 
     device = devices.pick_devices("cpu", 1)[0]  # one CPU device, before JAX starts
     enable_compilation_cache()

@@ -18,19 +18,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxscale.devices import force_cpu_devices  # noqa: E402
+from jaxscale.runtime.devices import force_cpu_devices  # noqa: E402
 
 force_cpu_devices(8)
 
 import numpy as np  # noqa: E402
 
 from benchmarks.zero import prepared, round_robin  # noqa: E402
-from jaxscale import garden, model as M  # noqa: E402
-from jaxscale.cli import enable_compilation_cache  # noqa: E402
-from jaxscale.parallel import schedule as sched  # noqa: E402
+from jaxscale import garden  # noqa: E402
+from jaxscale.model import transformer as M  # noqa: E402
+from jaxscale.cli.main import enable_compilation_cache  # noqa: E402
+from jaxscale.parallel import schedules as sched  # noqa: E402
 from jaxscale.parallel.pipeline import IDLE, tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
-from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 
 PLANS = {"single": Plan(), "tp2": Plan(tp=2),
          "pp2_gpipe": Plan(pp=2, micro_batches=8, schedule="gpipe"),

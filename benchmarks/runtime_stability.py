@@ -10,7 +10,7 @@ get an empty one. Runs are interleaved round-robin over the strategies so that e
 strategy meets the same machine load. A run "aborts" when its process dies or hangs past the
 time limit; the XLA rendezvous message, if any, is kept.
 
-`--threads` sets PJRT_NPROC (the CPU runtime's pool size, see jaxscale/devices.py): `auto`
+`--threads` sets PJRT_NPROC (the CPU runtime's pool size, see jaxscale/runtime/devices.py): `auto`
 leaves it to `force_cpu_devices` (the fix), a number forces it, e.g. `--threads 8` for what
 jaxlib chooses by itself for 8 devices on 2 cores (the state before the fix). Several
 settings, comma-separated, run round-robin (the step-time ratios between them are measured
@@ -35,14 +35,15 @@ LIMIT_S = 150  # a warm run takes ~5-15 s, a cold one ~10-40 s; an abort waits 4
 
 def worker(name: str) -> None:
     """One run: train `name` as compare does and print its median step time as JSON."""
-    from jaxscale.devices import force_cpu_devices
+    from jaxscale.runtime.devices import force_cpu_devices
     devices = force_cpu_devices(DEVICES)
-    from jaxscale import garden, optim
-    from jaxscale import model as modellib
-    from jaxscale.cli import enable_compilation_cache
-    from jaxscale.compare import run_strategy, strategy_plan
+    from jaxscale import garden
+    from jaxscale.model import optim
+    from jaxscale.model import transformer as modellib
+    from jaxscale.cli.main import enable_compilation_cache
+    from jaxscale.compare.strategies import run_strategy, strategy_plan
     from jaxscale.parallel.plan import Plan
-    from jaxscale.train import TrainConfig, as_arrays, init_state
+    from jaxscale.training.train import TrainConfig, as_arrays, init_state
     enable_compilation_cache()
     cfg = modellib.preset("tiny")
     _, params, _ = init_state(TrainConfig(model="tiny"))

@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxscale.devices import force_cpu_devices  # noqa: E402
+from jaxscale.runtime.devices import force_cpu_devices  # noqa: E402
 
 force_cpu_devices(8)
 
@@ -59,12 +59,15 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from jaxscale import garden, model as M, precision, spikes  # noqa: E402
-from jaxscale.checkpoint_dir import versions  # noqa: E402
-from jaxscale.cli import enable_compilation_cache  # noqa: E402
-from jaxscale.parallel.data import shard_step  # noqa: E402
+from jaxscale import garden  # noqa: E402
+from jaxscale.model import transformer as M, precision  # noqa: E402
+from jaxscale.training import spikes  # noqa: E402
+from jaxscale.training.checkpoint.store import versions  # noqa: E402
+from jaxscale.cli.main import enable_compilation_cache  # noqa: E402
+from jaxscale.parallel.data_parallel import shard_step  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
-from jaxscale.train import TrainConfig, as_arrays, lr_schedule, make_optimizer  # noqa: E402
+from jaxscale.training.train import (TrainConfig, as_arrays, lr_schedule,
+    make_optimizer)  # noqa: E402
 
 BATCH = 32
 TARGET = 0.02
@@ -77,8 +80,8 @@ UPDATE_PLANS = ("single", "dp8")  # update-only programs: the layouts make_step 
 
 def sources() -> dict:
     """Short hashes of the files whose code is measured (the record says which code ran)."""
-    files = ("jaxscale/precision.py", "jaxscale/spikes.py", "jaxscale/parallel/data.py",
-             "jaxscale/parallel/zero.py", "jaxscale/parallel/hybrid.py", "jaxscale/train.py",
+    files = ("jaxscale/model/precision.py", "jaxscale/training/spikes.py", "jaxscale/parallel/data_parallel.py",
+             "jaxscale/parallel/zero.py", "jaxscale/parallel/hybrid.py", "jaxscale/training/train.py",
              "benchmarks/spike_guard.py")
     return {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:12] for f in files}
 

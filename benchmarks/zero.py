@@ -19,16 +19,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxscale.devices import force_cpu_devices  # noqa: E402
+from jaxscale.runtime.devices import force_cpu_devices  # noqa: E402
 
 force_cpu_devices(8)
 
 import jax  # noqa: E402
 
-from jaxscale import garden, model as M, optim  # noqa: E402
-from jaxscale.cli import enable_compilation_cache  # noqa: E402
+from jaxscale import garden  # noqa: E402
+from jaxscale.model import transformer as M, optim  # noqa: E402
+from jaxscale.cli.main import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
-from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 
 
 def prepared(cfg, params, batch, plan):

@@ -11,7 +11,7 @@ d. the planner: where it ranks the layouts the papers used, searching the toolbo
    had (Korthikanti: no data parallelism, SP + selective; Narayanan: full recompute only)
 e. the scaling book's collective times and critical batch sizes
 
-Every figure on our side is computed by jaxscale.costmodel or jaxscale.planner; the
+Every figure on our side is computed by jaxscale.costmodel or jaxscale.costmodel.planner; the
 published side comes from jaxscale.costmodel.published (printed values, their sources).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from experiments._runner import run_experiment
-from jaxscale import planner as PL
+from jaxscale.costmodel import planner as PL
 from jaxscale.costmodel import activations as A
 from jaxscale.costmodel import collectives as C
 from jaxscale.costmodel import devices as D

@@ -33,7 +33,7 @@ d. what duplicates cost in training: the tiny garden model trained at equal toke
    documents under the garden language (figure: dedup_training.png)
 
 Every number printed is computed by the project's code on these inputs (jaxscale.data,
-jaxscale.train); only the sizes and seeds are chosen. For reference, the lecture notes give
+jaxscale.training.train); only the sizes and seeds are chosen. For reference, the lecture notes give
 0.047, 0.470 and 0.975 for part b's three points and sqrt(J (1 - J) / k) for part a.
 """
 from __future__ import annotations
@@ -443,7 +443,8 @@ def first_distinct(docs, n: int, start: int = 0) -> tuple[list, int]:
 def dedup_corpora(seed: int) -> dict:
     """The duplicated corpus, its deduplicated version (same size), and the documents to
     probe memorisation with. Rows are garden documents as token ids."""
-    from jaxscale import garden, model as modellib
+    from jaxscale import garden
+    from jaxscale.model import transformer as modellib
 
     seq_len = modellib.preset("tiny").seq_len
     base = garden.make_corpus(seed, D_POOL, D_VAL, seq_len)
@@ -522,8 +523,8 @@ def train_and_probe(rows, corpora: dict, seed: int, probes: dict, steps: int) ->
     train writes at the last step (TrainResult holds none) and evaluate them on each
     probe set of documents."""
     from jaxscale import garden
-    from jaxscale.checkpoint import CheckpointOptions, read_canonical, unflat_items
-    from jaxscale.train import TrainConfig, evaluate, init_state, make_eval_step, train
+    from jaxscale.training.checkpoint.manager import CheckpointOptions, read_canonical, unflat_items
+    from jaxscale.training.train import TrainConfig, evaluate, init_state, make_eval_step, train
 
     base = corpora["base"]
     cfg = TrainConfig(model="tiny", steps=steps, batch_size=D_BATCH, lr=D_LR,

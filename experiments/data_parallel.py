@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from jaxscale.devices import force_cpu_devices
+from jaxscale.runtime.devices import force_cpu_devices
 
 N_DEVICES = 8
 if __name__ == "__main__":
@@ -28,15 +28,17 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from experiments._runner import log, run_experiment  # noqa: E402
-from jaxscale import collectives as C, costmodel as cm, garden, measure  # noqa: E402
-from jaxscale import model as M, optim  # noqa: E402
-from jaxscale.devices import make_mesh  # noqa: E402
-from jaxscale.loss import loss_fn, nll_and_count  # noqa: E402
-from jaxscale.parallel.data import (AXIS, dp_value_and_grad, replicas_identical,  # noqa: E402
-                                    shard_mean_of_means)
+from jaxscale.parallel import ring as C  # noqa: E402
+from jaxscale import costmodel as cm, garden  # noqa: E402
+from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.model import transformer as M, optim  # noqa: E402
+from jaxscale.runtime.devices import make_mesh  # noqa: E402
+from jaxscale.model.loss import loss_fn, nll_and_count  # noqa: E402
+from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
+    shard_mean_of_means)
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
-from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 
 BATCH, STEPS = 32, 60
 

@@ -13,11 +13,11 @@ b. Young's optimal interval sqrt(2 delta M) and its waste sqrt(2 delta / M), che
 c. exercise 9: an asynchronous checkpoint that stops training for delta/10; also counting
    the background write, during which only the previous checkpoint can be restarted from
 d. delta measured on this machine: a real checkpoint of the tiny model's state after one
-   AdamW step (single device, jaxscale.checkpoint, after a warm-up save), synchronous and
+   AdamW step (single device, jaxscale.training.checkpoint.manager, after a warm-up save), synchronous and
    asynchronous, and Young's interval on 1024 devices with it, next to the lecture's 10 min
 e. a real run with failures: `jaxscale train` (tiny model, --e-steps steps of 8 documents)
    killed with SIGKILL --e-failures times (`--inject crash@STEP`) and restarted each time
-   by the supervisor (jaxscale.supervise) from its latest checkpoint, for each interval
+   by the supervisor (jaxscale.training.supervise) from its latest checkpoint, for each interval
    tau in --e-taus (steps; tau = steps: only the final save). Every line the runs write to
    stderr is time-stamped as it arrives; with metrics.jsonl's time_s that measures each
    run's pace, every save's delta (the step after it, less a step), every restart (from
@@ -44,7 +44,7 @@ tens of times slower). The MTBF is scaled down
 so that a few hundred steps see several failures, which makes the waste large; it is
 reported per unit of useful work (the fraction of the wall time is W / (1 + W)).
 
-Everything printed is computed here with jaxscale.failures; only the inputs (50,000 h,
+Everything printed is computed here with jaxscale.costmodel.failures; only the inputs (50,000 h,
 10 minutes, the device counts) come from the lecture, and parts d and e measure theirs.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 from experiments._runner import log, run_experiment
-from jaxscale import failures as F
+from jaxscale.costmodel import failures as F
 from jaxscale.report import print_table, pyplot, save_figure
 
 DEVICE_MTBF_H = 50_000
@@ -164,10 +164,11 @@ def _measure_saves(directory: Path) -> dict:
 
     import jax
 
-    from jaxscale import garden, model as modellib
-    from jaxscale.checkpoint import Checkpointer, CheckpointOptions, run_meta
+    from jaxscale import garden
+    from jaxscale.model import transformer as modellib
+    from jaxscale.training.checkpoint.manager import Checkpointer, CheckpointOptions, run_meta
     from jaxscale.parallel.plan import Plan, build_train_step
-    from jaxscale.train import TrainConfig, as_arrays, init_state
+    from jaxscale.training.train import TrainConfig, as_arrays, init_state
 
     cfg = TrainConfig(model="tiny", batch_size=8)
     plan = Plan()
@@ -233,7 +234,7 @@ E_TIMEOUT_S = 900  # one supervised run's bound
 # run in a helper process, so that every line the trainers write can be time-stamped here
 _SUPERVISOR = (
     "import json, sys\n"
-    "from jaxscale.supervise import supervise\n"
+    "from jaxscale.training.supervise import supervise\n"
     "argv, directory, restarts, path = json.loads(sys.argv[1]), sys.argv[2], "
     "int(sys.argv[3]), sys.argv[4]\n"
     "done = supervise(argv, directory, restarts)\n"
@@ -430,7 +431,7 @@ def _same_state(a_dir: Path, b_dir: Path, step: int) -> dict:
     """Two checkpoints of `step` compared tensor by tensor (read_canonical)."""
     import logging
 
-    from jaxscale.checkpoint_dir import read_canonical
+    from jaxscale.training.checkpoint.store import read_canonical
 
     absl = logging.getLogger("absl")
     level = absl.level

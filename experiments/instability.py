@@ -7,7 +7,7 @@ after warm-up): bad batches (one token repeated at step 100, one 8-gram repeated
 and a jump of the learning rate mid-run without warm-up (x10 at step 110).
 
 a. without a guard: loss and gradient norm with the faults marked (figure), and the
-   detections the guard's own rolling window (jaxscale.spikes.Window) makes on these very
+   detections the guard's own rolling window (jaxscale.training.spikes.Window) makes on these very
    curves, offline; per fault, the first step each signal crosses its limit and by how
    many steps the gradient norm leads the loss (for jumps of x5, x10 and x20); for the x10
    jump, that lead at several thresholds z next to the false alarms they raise on a
@@ -19,7 +19,7 @@ b. the same faults under the policies skip and rollback, next to no guard and a 
    jump, x5 after the rollback), as PaLM and OPT lowered theirs; the jump itself fired
    once and is not replayed
 
-No run is clipped: the AdamW that train builds (train.make_optimizer, jaxscale.optim.adamw)
+No run is clipped: the AdamW that train builds (train.make_optimizer, jaxscale.model.optim.adamw)
 has no gradient clipping, so "no clipping" is simply the default here. Every number
 printed is measured on these runs; only the faults and the settings are chosen.
 """
@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from experiments._runner import log, run_experiment
-from jaxscale.checkpoint import CheckpointOptions
+from jaxscale.training.checkpoint.manager import CheckpointOptions
 from jaxscale.report import print_table, pyplot, save_figure
-from jaxscale.spikes import Window, parse_faults
-from jaxscale.train import TrainConfig, train
+from jaxscale.training.spikes import Window, parse_faults
+from jaxscale.training.train import TrainConfig, train
 
 STEPS, BATCH = 200, 8  # 8 documents a step: the step is ~2x cheaper than at 16
 LR, WARMUP = 5e-3, 50  # constant after the warm-up: a jump is the only change of pace

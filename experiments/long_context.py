@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from jaxscale.devices import force_cpu_devices
+from jaxscale.runtime.devices import force_cpu_devices
 
 N_DEVICES = 8
 if __name__ == "__main__":
@@ -36,9 +36,11 @@ from flax import nnx  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 from experiments._runner import log, run_experiment  # noqa: E402
-from jaxscale import garden, measure, model as M  # noqa: E402
-from jaxscale.compare import predict  # noqa: E402
-from jaxscale.flops import model_flops_per_token  # noqa: E402
+from jaxscale import garden  # noqa: E402
+from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.model import transformer as M  # noqa: E402
+from jaxscale.compare.strategies import predict  # noqa: E402
+from jaxscale.model.flops import model_flops_per_token  # noqa: E402
 from jaxscale.parallel import context as C  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.report import print_table  # noqa: E402
@@ -142,8 +144,8 @@ def _residuals_per_layer(cfg, params, batch, plan) -> float:
     the shard_map so that the shapes are per device) for a tp plan (sp, remat)."""
     from jax._src.ad_checkpoint import saved_residuals
 
-    from jaxscale.devices import make_mesh
-    from jaxscale.loss import logits_nll_and_count
+    from jaxscale.runtime.devices import make_mesh
+    from jaxscale.model.loss import logits_nll_and_count
     from jaxscale.parallel.hybrid import param_specs
     specs = param_specs(M.logical_axes(M.abstract(cfg)), plan)
     sp, found = plan.sequence_parallel, []

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from jaxscale.devices import force_cpu_devices
+from jaxscale.runtime.devices import force_cpu_devices
 
 N_DEVICES = 8
 if __name__ == "__main__":
@@ -32,15 +32,17 @@ import optax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from experiments._runner import log, run_experiment  # noqa: E402
-from jaxscale import costmodel as cm, garden, measure, model as M, optim  # noqa: E402
-from jaxscale.devices import make_mesh  # noqa: E402
-from jaxscale.parallel import schedule as sched  # noqa: E402
+from jaxscale import costmodel as cm, garden  # noqa: E402
+from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.model import transformer as M, optim  # noqa: E402
+from jaxscale.runtime.devices import make_mesh  # noqa: E402
+from jaxscale.parallel import schedules as sched  # noqa: E402
 from jaxscale.parallel.gantt import gantt_png  # noqa: E402
 from jaxscale.parallel.hybrid import param_specs  # noqa: E402
 from jaxscale.parallel.pipeline import tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.report import print_table  # noqa: E402
-from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 
 MODEL, BATCH = "tiny8", 32
 KEEP_GRADIENT = optax.chain(optax.trace(decay=0.0), optax.scale(0.0))  # state = the gradient

@@ -49,7 +49,7 @@ WAIT_S = 180  # the supervisor's bound on the whole job
 # --- the supervisor: start two workers, wait a bounded time, leave no process behind ------
 
 def supervise(out: Path, per: int, wait_s: float) -> int:
-    from jaxscale.commands.launch import child_env, coordinator_port
+    from jaxscale.cli.commands.launch import child_env, coordinator_port
     out.mkdir(parents=True, exist_ok=True)
     port = coordinator_port()
     print(f"multiprocess: {N_PROCESSES} processes x {per} CPU devices, coordinator "
@@ -94,7 +94,7 @@ def supervise(out: Path, per: int, wait_s: float) -> int:
 # --- a worker: one process of the job ------------------------------------------------------
 
 def worker(i: int, port: int, out: Path, per: int) -> None:
-    from jaxscale import distributed
+    from jaxscale.runtime import processes as distributed
     distributed.start(distributed.Cluster(f"127.0.0.1:{port}", N_PROCESSES, i, HEARTBEAT_S,
                                           SHUTDOWN_S), n_devices=N_PROCESSES * per)
     import jax
@@ -102,15 +102,17 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     from jax.experimental import multihost_utils
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from jaxscale import garden, measure, model as M
-    from jaxscale.cli import enable_compilation_cache
+    from jaxscale import garden
+    from jaxscale.measure import hlo as measure
+    from jaxscale.model import transformer as M
+    from jaxscale.cli.main import enable_compilation_cache
     from jaxscale.data.sampler import StepBatches
-    from jaxscale.devices import make_mesh
-    from jaxscale.loss import loss_fn
-    from jaxscale.parallel.data import AXIS, dp_value_and_grad
+    from jaxscale.runtime.devices import make_mesh
+    from jaxscale.model.loss import loss_fn
+    from jaxscale.parallel.data_parallel import AXIS, dp_value_and_grad
     from jaxscale.parallel.zero import ZeroLayout, zero_value_and_grad
     from jaxscale.report import print_table
-    from jaxscale.train import TrainConfig, init_state
+    from jaxscale.training.train import TrainConfig, init_state
 
     enable_compilation_cache()
     assert jax.process_count() == N_PROCESSES and len(jax.local_devices()) == per

@@ -25,9 +25,11 @@ import numpy as np
 import optax
 
 from experiments._runner import log, run_experiment
-from jaxscale import garden, optim, sweep
+from jaxscale import garden
+from jaxscale.model import optim
+from jaxscale.training import sweep
 from jaxscale.report import print_table, pyplot, save_figure
-from jaxscale.train import TrainConfig, init_state, loss_fn
+from jaxscale.training.train import TrainConfig, init_state, loss_fn
 
 TOY_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
 # Garden-LM budget: 128 batches of 16 documents, one pass (the lecture: 128 x 32 docs x 4

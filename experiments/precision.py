@@ -25,10 +25,12 @@ import optax
 from flax import nnx
 
 from experiments._runner import log, run_experiment
-from jaxscale import garden, model as M, optim, precision as P, sweep
-from jaxscale.loss import loss_fn
+from jaxscale import garden
+from jaxscale.model import transformer as M, optim, precision as P
+from jaxscale.training import sweep
+from jaxscale.model.loss import loss_fn
 from jaxscale.report import print_table, pyplot, save_figure
-from jaxscale.train import TrainConfig, init_state
+from jaxscale.training.train import TrainConfig, init_state
 
 BATCH = 8  # documents per step: small, to fit the 60 s budget with 4 policies x 400 steps
 SMALL = 4096.0  # gradients as small as a 4096x larger batch would give

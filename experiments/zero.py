@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from jaxscale.devices import force_cpu_devices
+from jaxscale.runtime.devices import force_cpu_devices
 
 N_DEVICES, K, STEPS, BATCH = 8, 4, 40, 32
 if __name__ == "__main__":
@@ -31,12 +31,14 @@ from flax import nnx  # noqa: E402
 from jax._src.ad_checkpoint import saved_residuals  # noqa: E402  (what print_saved_residuals prints)
 
 from experiments._runner import log, run_experiment  # noqa: E402
-from jaxscale import costmodel as cm, garden, measure, model as M, optim, precision  # noqa: E402
-from jaxscale.loss import loss_fn  # noqa: E402
+from jaxscale import costmodel as cm, garden  # noqa: E402
+from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.model import transformer as M, optim, precision  # noqa: E402
+from jaxscale.model.loss import loss_fn  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.parallel.zero import stage3_ring_bytes  # noqa: E402
 from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
-from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 
 GB = 1e9
 BK = "['blocks']['bk']"

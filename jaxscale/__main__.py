@@ -1,5 +1,5 @@
 import sys
 
-from jaxscale.cli import main
+from jaxscale.cli.main import main
 
 sys.exit(main())

@@ -4,8 +4,8 @@
                  (a tiny or small garden row is one document, about a third of 64
                  positions; packed rows, mid and up, are full)
     step time    median over `steps` timed steps, after compiling and `warmup` steps
-    MFU          model FLOPs per token (jaxscale.flops: 6N + 12 L s d) x tokens/s, over
-                 (a) the device's datasheet peak for the compute dtype (jaxscale.hardware)
+    MFU          model FLOPs per token (jaxscale.model.flops: 6N + 12 L s d) x tokens/s, over
+                 (a) the device's datasheet peak for the compute dtype (jaxscale.measure.hardware)
                  (b) a matmul peak measured on the same device in the same run: what this
                      machine really sustains on one large matmul, so a CPU (no datasheet)
                      gets an honest yardstick too
@@ -27,8 +27,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxscale import (flops as flopslib, garden, hardware, measure, model as modellib,
-                      precision, profiling)
+from jaxscale.model import flops as flopslib, transformer as modellib, precision
+from jaxscale import garden
+from jaxscale.measure import hardware, hlo as measure
+from jaxscale.runtime import profiling
 from jaxscale.parallel.plan import Plan, build_train_step
 
 
@@ -122,12 +124,12 @@ def run(cfg: BenchConfig, device=None, matmul_peak: hardware.MatmulPeak | None =
         profiler=None) -> BenchResult:
     """Compile, warm up and time cfg's step on `device` (default: the first device).
     `matmul_peak`: measured once per run and shared by its rows. `profiler`
-    (jaxscale.profiling.Profiler): the timed steps are traced, compile and warm-up not."""
+    (jaxscale.runtime.profiling.Profiler): the timed steps are traced, compile and warm-up not."""
     cfg.validate()
     device = device or jax.devices()[0]
     mcfg = modellib.preset(cfg.model)
     plan = cfg.plan()
-    from jaxscale.train import make_optimizer
+    from jaxscale.training.train import make_optimizer
     optimizer = make_optimizer("adamw", 1e-4)
     init, step = build_train_step(mcfg, plan, optimizer, [device])
     with jax.default_device(device):

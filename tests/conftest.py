@@ -33,10 +33,11 @@ import jax  # noqa: E402
 import optax  # noqa: E402
 import pytest  # noqa: E402
 
-from jaxscale import garden, model as M  # noqa: E402
-from jaxscale.devices import force_cpu_devices  # noqa: E402
+from jaxscale import garden  # noqa: E402
+from jaxscale.model import transformer as M  # noqa: E402
+from jaxscale.runtime.devices import force_cpu_devices  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
-from jaxscale.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", str(CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -103,7 +104,7 @@ def one_step(model: str, **plan):
 @pytest.fixture
 def fail(capsys):
     """Run `jaxscale ARGS` expecting bad input: one line on stderr, exit code 2; the line."""
-    from jaxscale.cli import main
+    from jaxscale.cli.main import main
 
     def run(*argv):
         with pytest.raises(SystemExit) as e:
@@ -120,7 +121,7 @@ def cli(capsys):
     """Run `jaxscale ARGS` in-process; returns the parsed JSON with --json, else stdout."""
     import json
 
-    from jaxscale.cli import main
+    from jaxscale.cli.main import main
 
     def run(*argv, expect=0):
         code = main(list(argv))

@@ -4,8 +4,11 @@ import math
 import jax.numpy as jnp
 import pytest
 
-from jaxscale import bench, flops, hardware, model as M, profiling
-from jaxscale.devices import DeviceError, pick_devices
+from jaxscale import bench
+from jaxscale.model import flops, transformer as M
+from jaxscale.measure import hardware
+from jaxscale.runtime import profiling
+from jaxscale.runtime.devices import DeviceError, pick_devices
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +104,7 @@ def test_the_matmul_peak_is_measured_in_the_steps_compute_dtype(cli, monkeypatch
     (["--precision", "fp64"], ["'fp64'"]),
 ])
 def test_bad_bench_input_is_one_line_and_exit_2(capsys, argv, words):
-    from jaxscale.cli import main
+    from jaxscale.cli.main import main
     with pytest.raises(SystemExit) as e:
         main(["bench", *argv])
     err = capsys.readouterr().err.strip()

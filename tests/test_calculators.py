@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from jaxscale.model import param_count, preset
+from jaxscale.model.transformer import param_count, preset
 from jaxscale.report import plural
 
 GIB = 2**30
@@ -238,7 +238,7 @@ def test_failures_with_huge_inputs(cli):
 def test_plan_and_comm_with_a_billion_devices(cli):
     # 1e9 = 2^9 5^9: every mesh dp x tp x pp x cp (cp <= 8), found without a 1e9 loop
     r = cli("plan", "--params", "7e9", "--devices", "1e9", "--json", expect=1)
-    from jaxscale.planner import divisors
+    from jaxscale.costmodel.planner import divisors
     meshes = sum(len(divisors(10**9 // (tp * cp))) for tp in divisors(10**9)
                  for cp in divisors(10**9 // tp) if cp <= 8)
     assert r["considered"] == meshes > 55 * 55 and r["recommended"] is None

@@ -1,5 +1,5 @@
 """Checkpoints: the canonical form of every layout, lossless save and restore across plans,
-damaged checkpoints, and bad input (jaxscale.checkpoint, jaxscale.parallel.canonical).
+damaged checkpoints, and bad input (jaxscale.training.checkpoint.manager, jaxscale.parallel.canonical).
 
 The resume-in-a-new-process and crash tests are in test_checkpoint_resume.py."""
 import functools
@@ -11,9 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxscale import checkpoint as C, cli, model as M
+from jaxscale.training.checkpoint import manager as C
+from jaxscale.cli import main as cli
+from jaxscale.model import transformer as M
 from jaxscale.parallel.plan import Plan, build_train_step
-from jaxscale.train import TrainConfig, init_state, train
+from jaxscale.training.train import TrainConfig, init_state, train
 
 # tiny8: 8 layers and 8 heads, so that tp, pp, 3-D and the interleaved order all fit
 MODEL = "tiny8"
@@ -153,8 +155,8 @@ def test_halt_then_resume_in_process_is_bit_identical(straight, tmp_path):
 def test_an_async_save_in_flight_is_finished_at_exit(tmp_path, monkeypatch):
     """Ctrl-C right after an asynchronous save started: train stops, and the save is
     complete (and resumable) by the time the KeyboardInterrupt reaches the caller."""
-    from jaxscale import train as train_module
-    from jaxscale.train import TrainInterrupted
+    from jaxscale.training import train as train_module
+    from jaxscale.training.train import TrainInterrupted
 
     update = train_module.Progress.update
 

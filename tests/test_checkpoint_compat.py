@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxscale import checkpoint as C
-from jaxscale.model import preset
-from jaxscale.train import TrainConfig, train
+from jaxscale.training.checkpoint import manager as C
+from jaxscale.model.transformer import preset
+from jaxscale.training.train import TrainConfig, train
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import CACHE, ROOT
-from jaxscale import checkpoint as C
+from jaxscale.training.checkpoint import manager as C
 
 pytestmark = pytest.mark.slow
 

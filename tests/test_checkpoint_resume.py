@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 from conftest import CACHE, ROOT, run_python
-from jaxscale import checkpoint as C
-from jaxscale.compare import STRATEGIES, strategy_plan
-from jaxscale.model import preset
-from jaxscale.train import TrainConfig, train
+from jaxscale.training.checkpoint import manager as C
+from jaxscale.compare.strategies import STRATEGIES, strategy_plan
+from jaxscale.model.transformer import preset
+from jaxscale.training.train import TrainConfig, train
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +52,8 @@ RESUME = textwrap.dedent("""
     from dataclasses import replace
     from jaxscale import devices
     devices.force_cpu_devices(8)
-    from jaxscale.checkpoint import CheckpointOptions
-    from jaxscale.train import TrainConfig, train
+    from jaxscale.training.checkpoint.manager import CheckpointOptions
+    from jaxscale.training.train import TrainConfig, train
     out = {}
     for name, (cfg, directory) in json.loads(sys.argv[1]).items():
         r = train(TrainConfig(**cfg), progress=False,
@@ -196,8 +196,8 @@ def test_sigkill_at_random_instants_resumes_bit_for_bit(tmp_path):
 FULL_DISK = textwrap.dedent("""
     import json, resource, signal, sys
     from jaxscale import checkpoint as C
-    from jaxscale.train import TrainConfig, init_state
-    from jaxscale.model import preset
+    from jaxscale.training.train import TrainConfig, init_state
+    from jaxscale.model.transformer import preset
     from jaxscale.parallel.plan import Plan, build_train_step
     cfg = TrainConfig(model="tiny")
     _, params, opt = init_state(cfg)

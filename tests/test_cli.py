@@ -7,9 +7,9 @@ from importlib import metadata
 import jax
 import pytest
 
-from jaxscale import train as train_module
-from jaxscale.cli import enable_compilation_cache, main
-from jaxscale.model import param_count, preset
+from jaxscale.training import train as train_module
+from jaxscale.cli.main import enable_compilation_cache, main
+from jaxscale.model.transformer import param_count, preset
 
 from conftest import CACHE, run_python
 
@@ -86,7 +86,7 @@ def test_train_end_to_end_json(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     out_dir = tmp_path / "out"
-    r = run_python("from jaxscale.cli import main; import sys; sys.exit(main(sys.argv[1:]))",
+    r = run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
                    "train", "--steps", "40", "--eval-every", "20", "--devices", "1",
                    "--mesh", "dp=1", "--json", "--out", str(out_dir), env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr
@@ -175,7 +175,7 @@ def test_ctrl_c_saves_what_ran_and_exits_130(capsys, tmp_path, monkeypatch):
 def test_ctrl_c_elsewhere_is_one_line_and_130(capsys, monkeypatch):
     def interrupted(args):
         raise KeyboardInterrupt
-    monkeypatch.setattr("jaxscale.commands.memory.run", interrupted)
+    monkeypatch.setattr("jaxscale.cli.commands.memory.run", interrupted)
     assert main(["memory", "--params", "7e9"]) == 130
     assert capsys.readouterr().err.strip() == "jaxscale: interrupted"
 

@@ -6,8 +6,9 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxscale import collectives as C, measure
-from jaxscale.devices import make_mesh
+from jaxscale.parallel import ring as C
+from jaxscale.measure import hlo as measure
+from jaxscale.runtime.devices import make_mesh
 
 
 def on_mesh(fn, k, devices, n=48, dtype=jnp.int32, seed=0):

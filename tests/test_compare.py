@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from jaxscale import compare as C, model as M, optim
-from jaxscale.cli import main
+from jaxscale.compare import strategies as C
+from jaxscale.model import transformer as M, optim
+from jaxscale.cli.main import main
 
 from jaxscale.data.sampler import FixedBatches
 from jaxscale.parallel.plan import Plan
@@ -16,7 +17,7 @@ from conftest import run_python, setup
 def test_compare_on_four_devices_end_to_end(tmp_path):
     """The command in a fresh process (it forces its own 4 devices): every strategy passes
     the measured loss bound and every measured figure equals its prediction."""
-    r = run_python("from jaxscale.cli import main; import sys; sys.exit(main(sys.argv[1:]))",
+    r = run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
                    "compare", "--devices", "4", "--strategies", "dp,zero2,zero3,tp,pp,dp+pp",
                    "--strategy", "dp=2,tp=2,zero=1", "--steps", "3", "--repeats", "3",
                    "--out", str(tmp_path), "--json")
@@ -112,7 +113,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
 
 def test_abstract_compiles_a_big_model_without_running_it(tmp_path):
     """1b on 8 devices, compiled only: XLA's argument bytes equal the closed form."""
-    r = run_python("from jaxscale.cli import main; import sys; sys.exit(main(sys.argv[1:]))",
+    r = run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
                    "compare", "--abstract", "--model", "1b", "--devices", "8", "--strategies",
                    "dp,zero3,tp", "--batch-size", "8", "--out", str(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
@@ -146,7 +147,7 @@ def _batches(n=N_BATCHES):
     import numpy as np
 
     from jaxscale import garden
-    from jaxscale.train import as_arrays
+    from jaxscale.training.train import as_arrays
     it = garden.make_corpus(0).train_batches(32, seed=1)
     batches = []
     for _ in range(n):
@@ -183,7 +184,7 @@ def test_mean_of_means_loss_fails_clearly(devices, reference, monkeypatch):
     own token count) instead of dividing the global NLL sum by the global count."""
     from jax import lax
 
-    from jaxscale.parallel import data
+    from jaxscale.parallel import data_parallel as data
 
     real = data.nll_and_count
 
@@ -203,7 +204,7 @@ def test_tensor_parallel_averaging_its_partial_sums_fails_clearly(devices, refer
     """A row-parallel layer whose partial outputs are averaged (pmean) instead of summed."""
     import jax
 
-    from jaxscale import model
+    from jaxscale.model import transformer as model
 
     real = model.tp_operators
     monkeypatch.setattr(model, "tp_operators",
@@ -226,7 +227,7 @@ def test_compile_source_says_whether_the_cache_supplied_the_program():
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxscale import measure
+    from jaxscale.measure import hlo as measure
     salt = float(np.random.default_rng().integers(1 << 30))  # a program no cache has seen
     lower = lambda: jax.jit(lambda x: jnp.sin(x) * salt).lower(jnp.ones(3))  # noqa: E731
     assert measure.compile_timed(lower())[2] == "compiled"

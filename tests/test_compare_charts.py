@@ -3,7 +3,7 @@ only that a PNG exists."""
 import numpy as np
 import pytest
 
-from jaxscale.commands.compare_charts import charts
+from jaxscale.compare.charts import charts
 
 N, STEPS = 30_752, 12  # the tiny model's parameters; steps per run
 

@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from jaxscale.commands import compare_report as report
-from jaxscale.commands.compare_runner import WorkerError, run_all
+from jaxscale.compare import report
+from jaxscale.compare.run import WorkerError, run_all
 
 # A stand-in for the worker: the same protocol (spec on stdin, one JSON event per line),
 # and a strategy named "boom" that aborts the process the way XLA's CPU runtime does.
@@ -81,7 +81,7 @@ def test_a_gpu_sized_model_is_refused_once_the_worker_finds_only_cpu_devices(mon
     import io
     import json
 
-    from jaxscale.commands import compare_runner
+    from jaxscale.compare import run as compare_runner
     spec = {"model": "mid", "devices": 8, "platform": "auto"}  # the suite's 8 CPU devices
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(spec) + "\n"))
     assert compare_runner.worker() == 2
@@ -91,7 +91,7 @@ def test_a_gpu_sized_model_is_refused_once_the_worker_finds_only_cpu_devices(mon
 
 
 def test_the_mesh_label_names_every_axis_and_sequence_parallelism():
-    from jaxscale.commands.compare_runner import mesh_label
+    from jaxscale.compare.run import mesh_label
     from jaxscale.parallel.plan import Plan
     assert mesh_label(Plan(dp=2, cp=2, tp=2, sequence_parallel=True).as_dict()) == \
         "dp=2 cp=2 tp=2 sp"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from jaxscale import model as modellib
-from jaxscale.commands import compare_time as T
-from jaxscale.flops import model_flops_per_token, recompute_flops_per_token
+from jaxscale.model import transformer as modellib
+from jaxscale.compare import time_model as T
+from jaxscale.model.flops import model_flops_per_token, recompute_flops_per_token
 
 CAL = {"flops_per_s": 1e11, "bytes_per_s": 2e9, "latency_s": 1e-4, "matmul_n": 512,
        "devices": 8, "platform": "cpu"}

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxscale import attention, measure, model as M
-from jaxscale.loss import loss_fn
+from jaxscale.model import attention, transformer as M
+from jaxscale.measure import hlo as measure
+from jaxscale.model.loss import loss_fn
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
 from conftest import KEEP_GRADIENT, one_step, setup

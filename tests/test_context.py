@@ -10,7 +10,9 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxscale import attention as A, garden, measure, model as M
+from jaxscale.model import attention as A, transformer as M
+from jaxscale import garden
+from jaxscale.measure import hlo as measure
 from jaxscale.parallel import context as C
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
@@ -146,7 +148,7 @@ def test_sequence_parallel_and_fsdp_tp_gradients_equal_one_device(plan):
 def test_sequence_parallel_splits_each_all_reduce_into_its_halves():
     """tp's activation all-reduces become all-gathers and reduce-scatters of the same bytes
     (HLO), and the parameters tp does not split get their gradients summed over tp."""
-    from jaxscale.compare import predict
+    from jaxscale.compare.strategies import predict
     sent = {}
     for sp in (False, True):
         _, _, step, state = one_step("tiny", tp=2, sequence_parallel=sp)
@@ -168,7 +170,7 @@ def test_sequence_parallel_splits_each_all_reduce_into_its_halves():
 def test_zero_in_a_pipeline_equals_one_device_and_sends_what_is_predicted(layout):
     """ZeRO-2 and -3 inside pipelines (tiny8): loss within 1e-6 relative and gradients 1e-5
     of one device; the HLO's bytes per op equal compare.predict's (counted per tick)."""
-    from jaxscale.compare import predict
+    from jaxscale.compare.strategies import predict
     from jaxscale.parallel.pipeline import tick_table
     from conftest import setup
     cfg, params, batch = setup("tiny8")

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxscale.cli import main
-from jaxscale import devices as devlib
+from jaxscale.cli.main import main
+from jaxscale.runtime import devices as devlib
 from jaxscale.data import lsh
 from jaxscale.data.clean import CleanConfig, clean
 from jaxscale.data.shingles import jaccard, shingle_set

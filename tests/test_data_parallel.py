@@ -8,13 +8,15 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxscale import costmodel, garden, measure, model as M, optim
-from jaxscale.devices import make_mesh
-from jaxscale.loss import loss_fn, nll_and_count
-from jaxscale.parallel.data import (AXIS, dp_value_and_grad, replicas_identical,
-                                    shard_mean_of_means)
+from jaxscale import costmodel, garden
+from jaxscale.measure import hlo as measure
+from jaxscale.model import transformer as M, optim
+from jaxscale.runtime.devices import make_mesh
+from jaxscale.model.loss import loss_fn, nll_and_count
+from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
+    shard_mean_of_means)
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
-from jaxscale.train import TrainConfig, as_arrays, init_state
+from jaxscale.training.train import TrainConfig, as_arrays, init_state
 
 CFG = M.preset("tiny")
 

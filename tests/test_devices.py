@@ -5,8 +5,8 @@ import os
 import jax
 import pytest
 
-from jaxscale.devices import (DeviceError, MeshShape, MeshSpecError, force_cpu_devices,
-                              make_mesh, parse_mesh_spec)
+from jaxscale.runtime.devices import (DeviceError, MeshShape, MeshSpecError, force_cpu_devices,
+    make_mesh, parse_mesh_spec)
 
 from conftest import N_DEVICES, run_python
 
@@ -67,7 +67,7 @@ def test_force_in_fresh_process_and_the_flag_it_replaces():
     """In a fresh process forcing works; the raw XLA flag set too late is silently ignored."""
     code = """
 import json, os, jax, jax.numpy as jnp
-from jaxscale.devices import force_cpu_devices, DeviceError
+from jaxscale.runtime.devices import force_cpu_devices, DeviceError
 n = len(force_cpu_devices(4))
 jnp.zeros(1).block_until_ready()
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # too late: ignored
@@ -88,7 +88,7 @@ print(json.dumps({"n": n, "after_flag": after_flag, "err": err}))
 def test_cpu_runtime_threads_cover_every_device():
     """Each of XLA CPU's two pools gets THREADS_PER_DEVICE threads per forced device, so a
     device holding several collectives at once never leaves another without a thread."""
-    from jaxscale.devices import THREADS_PER_DEVICE, cpu_runtime_threads
+    from jaxscale.runtime.devices import THREADS_PER_DEVICE, cpu_runtime_threads
     cores = os.cpu_count()
     assert cpu_runtime_threads(1) == cores
     assert cpu_runtime_threads(8) == max(cores, THREADS_PER_DEVICE * 8)
@@ -100,7 +100,7 @@ def test_forcing_devices_sizes_the_thread_pools_before_the_backend_starts():
     by two pools' worth), and a PJRT_NPROC the user set wins."""
     code = """
 import json, os, jax, jax.numpy as jnp
-from jaxscale.devices import force_cpu_devices
+from jaxscale.runtime.devices import force_cpu_devices
 force_cpu_devices(8)
 jnp.ones(3).block_until_ready()
 print(json.dumps({"nproc": os.environ["PJRT_NPROC"], "threads": len(os.listdir("/proc/self/task"))}))
@@ -112,10 +112,10 @@ print(json.dumps({"nproc": os.environ["PJRT_NPROC"], "threads": len(os.listdir("
 
 
 def test_too_many_devices_are_refused_before_jax_starts():
-    from jaxscale.devices import MAX_CPU_DEVICES
+    from jaxscale.runtime.devices import MAX_CPU_DEVICES
     with pytest.raises(DeviceError, match=f"at most {MAX_CPU_DEVICES}"):
         force_cpu_devices(MAX_CPU_DEVICES + 1)
-    r = run_python("from jaxscale.cli import main; import sys; sys.exit(main(sys.argv[1:]))",
+    r = run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
                    "train", "--devices", "1000", "--steps", "1", timeout=60)
     assert r.returncode == 2 and "more than this host can run" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale import distributed as D, garden, measure
+from jaxscale.runtime import processes as D
+from jaxscale import garden
+from jaxscale.measure import hlo as measure
 from jaxscale.data.sampler import Sampler, StepBatches, rows_held
-from jaxscale.devices import MeshShape, make_mesh
+from jaxscale.runtime.devices import MeshShape, make_mesh
 
 from conftest import setup
 
@@ -161,7 +163,7 @@ def test_a_process_builds_only_the_rows_its_devices_hold():
 def test_gradient_accumulation_reduces_once_per_step(devices):
     """The HLO of dp=8 with 4 micro-batches sends exactly the bytes of dp=8 with 1: the
     all-reduce runs once, after the accumulation loop (PyTorch needs `no_sync` for it)."""
-    from jaxscale import optim
+    from jaxscale.model import optim
     from jaxscale.parallel.plan import Plan, build_train_step
     cfg, params, batch = setup("tiny")
     sent = {}

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxscale import optim
+from jaxscale.model import optim
 
 from conftest import run_python
 

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from jaxscale import failures as F
+from jaxscale.costmodel import failures as F
 from jaxscale.costmodel import CostModelError
 
 M_1024 = 50_000 / 1024 * 60  # minutes: 2929.6875

@@ -1,4 +1,4 @@
-"""Model FLOPs (jaxscale.flops) and peak FLOP/s (jaxscale.hardware): formulas against a hand
+"""Model FLOPs (jaxscale.model.flops) and peak FLOP/s (jaxscale.measure.hardware): formulas against a hand
 count and XLA, the datasheet lookup, and the matmul benchmark's accounting."""
 import math
 
@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxscale import flops as F
-from jaxscale import hardware as H
-from jaxscale import model as M
+from jaxscale.model import flops as F
+from jaxscale.measure import hardware as H
+from jaxscale.model import transformer as M
 
 
 # --- model FLOPs -----------------------------------------------------------------------

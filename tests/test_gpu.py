@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxscale import attention, bench, hardware
+from jaxscale.model import attention
+from jaxscale import bench
+from jaxscale.measure import hardware
 
 pytestmark = pytest.mark.gpu
 
@@ -41,7 +43,7 @@ def test_a_bf16_step_with_cudnn_attention_has_the_reference_loss():
     loss within bf16 rounding (1e-2 relative)."""
     from conftest import setup
     from jaxscale.parallel.plan import Plan, build_train_step
-    from jaxscale.train import make_optimizer
+    from jaxscale.training.train import make_optimizer
     cfg, params, batch = setup("small")
     losses = {}
     for kernel in ("einsum", "cudnn"):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxscale import cli
-from jaxscale.commands import launch as L
+from jaxscale.cli import main as cli
+from jaxscale.cli.commands import launch as L
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -279,7 +279,7 @@ def test_a_killed_child_is_named_with_its_signal(bounded, monkeypatch):
 LAUNCHER = textwrap.dedent('''
     import sys
     from jaxscale import cli
-    from jaxscale.commands import launch
+    from jaxscale.cli.commands import launch
     fake, folder, roles = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
     launch.child_argv = lambda command, args, i, n, *rest: [
         sys.executable, "-c", fake, str(i), roles[i], str(n), folder]

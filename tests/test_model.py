@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxscale import model as M
+from jaxscale.model import transformer as M
 
 LOGICAL = {"vocab", "embed", "position", "heads", "head_dim", "mlp", "layers"}
 

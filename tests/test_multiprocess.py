@@ -80,7 +80,7 @@ import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxscale import distributed as D, garden
 from jaxscale.data.sampler import StepBatches
-from jaxscale.devices import make_mesh
+from jaxscale.runtime.devices import make_mesh
 from jax.experimental import multihost_utils
 D.start(D.Cluster(f"127.0.0.1:{sys.argv[2]}", 2, int(sys.argv[1]), 5, 10), 4)
 data = StepBatches(garden.make_corpus(0).train, 16, 64, seed=3, record=True)
@@ -94,7 +94,7 @@ print(json.dumps({"touched": data.touched, "whole": np.asarray(whole).tolist(),
 
 def test_each_process_builds_only_its_rows_and_together_they_make_the_batch(tmp_path):
     from jaxscale import garden
-    from jaxscale.commands.launch import coordinator_port
+    from jaxscale.cli.commands.launch import coordinator_port
     from jaxscale.data.sampler import StepBatches
     port = str(coordinator_port())
     procs = [subprocess.Popen([sys.executable, "-c", ROWS, str(i), port, str(tmp_path)],

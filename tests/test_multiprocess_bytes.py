@@ -3,8 +3,8 @@ map), the prediction from the placement, and compare's cross-proc column, withou
 any process (the map is given by hand)."""
 import pytest
 
-from jaxscale import measure
-from jaxscale.commands import compare_report as report
+from jaxscale.measure import hlo as measure
+from jaxscale.compare import report
 
 F32_256 = "f32[256]{0}"  # 1024 bytes on one device
 TWO_BY_TWO = [0, 0, 1, 1]  # 4 devices, 2 processes of 2
@@ -85,8 +85,8 @@ def test_axis_crossing_share_follows_the_placement(axes, share):
 
 
 def test_the_prediction_splits_predict_by_axis_and_adds_up():
-    from jaxscale import model as modellib
-    from jaxscale.compare import STRATEGIES, predict, predictable, strategy_plan
+    from jaxscale.model import transformer as modellib
+    from jaxscale.compare.strategies import STRATEGIES, predict, predictable, strategy_plan
     cfg = modellib.preset("tiny")
     shape = (32, cfg.seq_len)
     for name in STRATEGIES:
@@ -113,8 +113,8 @@ def test_the_prediction_splits_predict_by_axis_and_adds_up():
 def test_measured_crossing_bytes_match_the_prediction(devices, name):
     """The HLO of a real step, read with the 2 x 4 map, against the placement's prediction:
     the replica groups JAX writes follow the mesh as the prediction assumes."""
-    from jaxscale import model as modellib, optim
-    from jaxscale.compare import predict, strategy_plan
+    from jaxscale.model import transformer as modellib, optim
+    from jaxscale.compare.strategies import predict, strategy_plan
     from jaxscale.parallel.plan import build_train_step
     from jaxscale.parallel.pipeline import tick_table
     from conftest import setup
@@ -144,8 +144,8 @@ def _row(name, plan, predicted, sent, cross=None):
 
 
 def _result(processes):
-    from jaxscale import model as modellib
-    from jaxscale.compare import predict, strategy_plan
+    from jaxscale.model import transformer as modellib
+    from jaxscale.compare.strategies import predict, strategy_plan
     cfg = modellib.preset("tiny")
     dp = strategy_plan("dp", 8, cfg)
     pred = predict(cfg, dp, (32, cfg.seq_len))

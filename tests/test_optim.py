@@ -13,9 +13,10 @@ import optax
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from jaxscale import garden, optim
-from jaxscale.model import param_count, preset
-from jaxscale.train import TrainConfig, as_arrays, init_state, loss_fn
+from jaxscale import garden
+from jaxscale.model import optim
+from jaxscale.model.transformer import param_count, preset
+from jaxscale.training.train import TrainConfig, as_arrays, init_state, loss_fn
 
 STEPS = 100
 HYPOTHESIS = settings(max_examples=6, deadline=None, derandomize=True,

@@ -141,7 +141,7 @@ def test_zero_table2_max_model_sizes():
 def test_narayanan_bubble_and_ours_agree_on_one_pipeline():
     """(p-1)/m and (p-1)/(v m) over the ideal time; our simulator measures idle over the whole
     time, (p-1)/(v m + p - 1): the same bubble b, reported as b / (1 - b) and b."""
-    from jaxscale.parallel.schedule import bubble_over_total
+    from jaxscale.parallel.schedules import bubble_over_total
 
     for p, m, v, schedule in ((4, 8, 1, "1f1b"), (8, 16, 1, "gpipe"), (4, 8, 2, "interleaved")):
         measured = float(bubble_over_total(schedule, p, m, v))
@@ -235,7 +235,7 @@ def test_deepspeed_estimator_t5_small():
 
 def test_reference_parameter_counts():
     """Llama-2 7B and 70B (SwiGLU, untied head, GQA for 70B) from the shape: 6.74B and 69.0B."""
-    from jaxscale.planner import REFERENCES
+    from jaxscale.costmodel.planner import REFERENCES
 
     for name, (published, shape) in REFERENCES.items():
         assert shape.params() == pytest.approx(published, rel=0.02), name

@@ -3,8 +3,9 @@ tick tables against the simulator, activation memory, and 3-D (dp x tp x pp)."""
 import jax
 import pytest
 
-from jaxscale import measure, model as M, optim
-from jaxscale.parallel import schedule as sched
+from jaxscale.measure import hlo as measure
+from jaxscale.model import transformer as M, optim
+from jaxscale.parallel import schedules as sched
 from jaxscale.parallel.pipeline import BACKWARD, FORWARD, tick_table
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
@@ -62,7 +63,7 @@ def test_1f1b_keeps_fewer_activations_than_gpipe(devices):
 def test_three_d_loss_curve_equals_the_single_device(devices):
     cfg, params, _ = setup("tiny8")
     from jaxscale import garden
-    from jaxscale.train import as_arrays
+    from jaxscale.training.train import as_arrays
     it = garden.make_corpus(0).train_batches(32, seed=5)
     batches = [as_arrays(next(it)) for _ in range(20)]
     curves = {}

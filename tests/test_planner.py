@@ -3,7 +3,7 @@
 import pytest
 
 from jaxscale import costmodel as cm
-from jaxscale import planner as P
+from jaxscale.costmodel import planner as P
 from jaxscale.costmodel import activations as A
 from jaxscale.costmodel import states as S
 from jaxscale.costmodel.devices import device

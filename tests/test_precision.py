@@ -7,9 +7,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxscale import garden, optim, precision as P, sweep
-from jaxscale.model import param_count, preset
-from jaxscale.train import TrainConfig, init_state, make_train_step
+from jaxscale import garden
+from jaxscale.model import optim, precision as P
+from jaxscale.training import sweep
+from jaxscale.model.transformer import param_count, preset
+from jaxscale.training.train import TrainConfig, init_state, make_train_step
 
 
 @functools.lru_cache(maxsize=1)

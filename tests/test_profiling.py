@@ -1,4 +1,4 @@
-"""jaxscale.profiling: traces written where they should be, and read back sensibly.
+"""jaxscale.runtime.profiling: traces written where they should be, and read back sensibly.
 
 Small jitted functions stand in for a training step: a matmul + tanh on one device, and a
 psum over 2 of the 8 forced CPU devices (a collective shows up as an op on each device).
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.profiling import RUNS, OpTime, Profiler, step_times, top_ops
+from jaxscale.runtime.profiling import RUNS, OpTime, Profiler, step_times, top_ops
 
 N_STEPS = 3
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxscale import train as train_module
-from jaxscale.cli import main
+from jaxscale.training import train as train_module
+from jaxscale.cli.main import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CALCULATORS = {"memory", "comm", "failures", "plan", "schedule"}
@@ -94,8 +94,8 @@ def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
     checkpoint of its config (from one device: checkpoints do not depend on the plan)."""
     from dataclasses import replace
 
-    from jaxscale.checkpoint import Checkpointer, run_meta
-    from jaxscale.model import preset
+    from jaxscale.training.checkpoint.manager import Checkpointer, run_meta
+    from jaxscale.model.transformer import preset
     from jaxscale.parallel.plan import Plan, build_train_step
 
     def save(cfg, checkpoint=None, **kwargs):
@@ -115,7 +115,7 @@ def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
 def _child_of_supervisor(argv, monkeypatch) -> list[str]:
     """A --max-restarts line runs its supervisor up to starting the child: the child's
     command line, which is then run here as the child would (the supervisor's variable set)."""
-    from jaxscale import supervise
+    from jaxscale.training import supervise
 
     children = []
 
@@ -152,7 +152,8 @@ def test_train_line_gets_to_the_training_loop(tmp_path, monkeypatch, argv):
 
 @pytest.mark.parametrize("argv", COMPARE_LINES, ids=[_ids(a) for a in COMPARE_LINES])
 def test_compare_line_gets_to_its_workers(tmp_path, monkeypatch, argv):
-    from jaxscale.commands import compare as compare_command, compare_runner
+    from jaxscale.cli.commands import compare as compare_command
+    from jaxscale.compare import run as compare_runner
     specs = []
 
     def stop(spec, *args, **kwargs):
@@ -174,8 +175,8 @@ def test_the_readme_shows_launch():
 
 @pytest.mark.parametrize("argv", LAUNCH_LINES, ids=[_ids(a) for a in LAUNCH_LINES])
 def test_launch_line_gets_to_its_processes(tmp_path, monkeypatch, argv):
-    from jaxscale import cli
-    from jaxscale.commands import launch
+    from jaxscale.cli import main as cli
+    from jaxscale.cli.commands import launch
     started = []
 
     def stop(argvs, logs, **kwargs):
@@ -205,7 +206,7 @@ def test_data_line_runs(cli, tmp_path, monkeypatch, argv):
     text), --devices taken from the session's eight."""
     import jax
 
-    from jaxscale import devices as devlib
+    from jaxscale.runtime import devices as devlib
     from jaxscale.data.web import make_web
 
     monkeypatch.setattr(devlib, "pick_devices", lambda platform, n: jax.devices()[:n])

@@ -6,10 +6,12 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from jaxscale import garden, measure, model as M, optim
-from jaxscale.loss import loss_fn
+from jaxscale import garden
+from jaxscale.measure import hlo as measure
+from jaxscale.model import transformer as M, optim
+from jaxscale.model.loss import loss_fn
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
-from jaxscale.train import TrainConfig, as_arrays, init_state
+from jaxscale.training.train import TrainConfig, as_arrays, init_state
 
 
 @functools.lru_cache(maxsize=1)

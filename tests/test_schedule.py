@@ -5,13 +5,11 @@ from fractions import Fraction
 
 import pytest
 
-import jaxscale.cli
-from jaxscale.commands.schedule import (MAX_FORWARDS, MAX_MICRO_BATCHES, MAX_STAGES,
-                                        MAX_VIRTUAL)
+from jaxscale.cli.main import main as cli_main
+from jaxscale.cli.commands.schedule import MAX_FORWARDS, MAX_MICRO_BATCHES, MAX_STAGES, MAX_VIRTUAL
 from jaxscale.parallel.gantt import gantt_figure, gantt_png
-from jaxscale.parallel.schedule import (Action, ScheduleError, bubble_over_total, run,
-                                        simulate, smallest_micro_batches, stage_orders,
-                                        text_chart)
+from jaxscale.parallel.schedules import (Action, ScheduleError, bubble_over_total, run, simulate,
+    smallest_micro_batches, stage_orders, text_chart)
 
 COSTS = [(1, 2), (1, 1), (2, 1), (0.5, 1.5)]
 
@@ -265,7 +263,7 @@ def test_gantt_png(tmp_path):
 def schedule_cli(capsys):
 
     def call(*argv):
-        code = jaxscale.cli.main(["schedule", *argv])
+        code = cli_main(["schedule", *argv])
         out = capsys.readouterr()
         return code, out.out, out.err
     return call

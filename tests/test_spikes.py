@@ -1,5 +1,5 @@
 """The spike guard, fault injection, rollback, restarts and elastic resumption
-(jaxscale.spikes, jaxscale.supervise, parallel.plan.elastic_micro_batches).
+(jaxscale.training.spikes, jaxscale.training.supervise, parallel.plan.elastic_micro_batches).
 
     - a NaN gradient is skipped with the state bitwise unchanged, under every strategy of
       compare's default set; a guard that accepts changes no bit of the plain step
@@ -19,11 +19,15 @@ import numpy as np
 import pytest
 
 from conftest import run_python
-from jaxscale import checkpoint as C, cli, garden, model as M, precision, spikes
-from jaxscale.compare import STRATEGIES, strategy_plan
+from jaxscale.training.checkpoint import manager as C
+from jaxscale.cli import main as cli
+from jaxscale import garden
+from jaxscale.model import transformer as M, precision
+from jaxscale.training import spikes
+from jaxscale.compare.strategies import STRATEGIES, strategy_plan
 from jaxscale.data.sampler import StepBatches
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step, elastic_micro_batches
-from jaxscale.train import TrainConfig, init_state, lr_schedule, train
+from jaxscale.training.train import TrainConfig, init_state, lr_schedule, train
 
 # the window fills by step 10; the faults come after step 20, when the loss has settled
 # enough that a bad batch stands out (at step 15 the early fall of the loss still hides one)

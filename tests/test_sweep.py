@@ -3,8 +3,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxscale import garden, optim, sweep
-from jaxscale.train import TrainConfig, as_arrays, init_state, loss_fn, make_train_step
+from jaxscale import garden
+from jaxscale.model import optim
+from jaxscale.training import sweep
+from jaxscale.training.train import TrainConfig, as_arrays, init_state, loss_fn, make_train_step
 
 
 @pytest.fixture(scope="module")

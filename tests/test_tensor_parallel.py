@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxscale import measure, model as M, optim
-from jaxscale.devices import make_mesh
+from jaxscale.measure import hlo as measure
+from jaxscale.model import transformer as M, optim
+from jaxscale.runtime.devices import make_mesh
 from jaxscale.parallel.hybrid import param_specs
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 

@@ -10,10 +10,11 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxscale import garden, model as M
+from jaxscale import garden
+from jaxscale.model import transformer as M
 from jaxscale.report import Progress
-from jaxscale.train import (TrainConfig, as_arrays, init_state, loss_fn,
-                            make_train_step, train)
+from jaxscale.training.train import (TrainConfig, as_arrays, init_state, loss_fn, make_train_step,
+    train)
 
 SHORT = dict(steps=30, eval_every=15, warmup=5, n_train_docs=256, n_val_docs=64)
 

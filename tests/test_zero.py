@@ -6,12 +6,14 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from jaxscale import costmodel, garden, measure, model as M, optim
+from jaxscale import costmodel, garden
+from jaxscale.measure import hlo as measure
+from jaxscale.model import transformer as M, optim
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 from flax import nnx
 
 from jaxscale.parallel.zero import ZeroError, stage3_ring_bytes
-from jaxscale.train import TrainConfig, as_arrays, init_state
+from jaxscale.training.train import TrainConfig, as_arrays, init_state
 
 CFG, K = M.preset("tiny"), 4
 
@@ -178,7 +180,7 @@ def test_a_tensor_k_does_not_divide_is_padded(devices):
     padded = out[3][1].params["tok_embed"]
     assert padded.shape == (3234,)  # 3,232 + 2 zeros
     assert float(jnp.max(jnp.abs(padded[3232:]))) == 0.0
-    adam = out[3][1].opt_state  # jaxscale.optim.AdamState
+    adam = out[3][1].opt_state  # jaxscale.model.optim.AdamState
     for moment in (adam.mu["tok_embed"], adam.nu["tok_embed"]):
         assert moment.shape == (3234,) and float(jnp.max(jnp.abs(moment[3232:]))) == 0.0
     assert rel_diff(out[3][0], out[0][0]) <= 1e-5

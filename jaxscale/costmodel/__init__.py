@@ -28,7 +28,7 @@ activations by Korthikanti et al. (2022), with tensor parallelism, flash attenti
 per-layer recomputation; LoRA and QLoRA fine-tuning. Sizes are bytes; GB = 1e9, GiB = 2^30.
 Pipeline bubble, two definitions: `bubble_over_total` (idle / all time, the lectures') and
 `bubble_over_ideal` (Narayanan et al.'s). Failure and checkpoint formulas are in
-jaxscale.failures, layout search in jaxscale.planner.
+jaxscale.costmodel.failures, layout search in jaxscale.costmodel.planner.
 """
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ def pp_step_volume(seq: int, batch: int, hidden: int, pp: int,
 
 def bubble_over_total(pp: int, micro_batches: int, virtual: int = 1) -> float:
     """Idle share of a pipeline's whole time: (p-1) / (v m + p - 1) (GPipe and 1F1B v = 1;
-    interleaved 1F1B v chunks per device). The lectures' and jaxscale.parallel.schedule's
+    interleaved 1F1B v chunks per device). The lectures' and jaxscale.parallel.schedules's
     definition, which the event simulator measures."""
     if pp < 1 or micro_batches < 1 or virtual < 1:
         raise CostModelError(f"need pp, micro_batches, virtual >= 1, got pp={pp}, "

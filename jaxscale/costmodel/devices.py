@@ -1,6 +1,6 @@
 """Accelerators as the time model sees them: peak FLOP/s, memory, and the links between them.
 
-PEAK_FLOPS is the datasheet's dense figure per dtype (jaxscale.hardware reads it for MFU and
+PEAK_FLOPS is the datasheet's dense figure per dtype (jaxscale.measure.hardware reads it for MFU and
 maps JAX device kinds onto its keys). DEVICES adds what a step-time estimate needs:
 
   memory     HBM bytes per device

@@ -1,6 +1,6 @@
 """Step time of a layout: FLOPs at an achieved rate, the bubble, and the exposed communication.
 
-FLOPs per token (the convention of jaxscale.flops, PaLM and Megatron; Korthikanti eq. 7):
+FLOPs per token (the convention of jaxscale.model.flops, PaLM and Megatron; Korthikanti eq. 7):
   model      6 N + 12 L s h      N = matmul weights: the blocks' and the output head's (an
                                  untied input embedding is a lookup), attention non-causal
   recompute  selective: 4 L s h (the attention core's forward again)
@@ -11,7 +11,7 @@ Per device and step (B sequences of s tokens, d = dp x tp x pp x cp devices):
 
   compute   B s hardware / d / (peak x efficiency). `efficiency` is the fraction of the
             datasheet peak the model's matmuls reach (a stated assumption; measured on this
-            machine by jaxscale.hardware.measure_matmul_peak for the CPU calibration)
+            machine by jaxscale.measure.hardware.measure_matmul_peak for the CPU calibration)
   bubble    compute x (p-1) / (v m)        Narayanan et al.'s bubble over ideal time (1F1B
             and GPipe v = 1; interleaved 1F1B v chunks per device), m micro-batches
   tp        on the critical path: per layer (L/p of them) and micro-batch, 4 all-reduces of

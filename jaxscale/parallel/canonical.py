@@ -27,7 +27,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale import precision
+from jaxscale.model import precision
 
 
 @dataclass(frozen=True)

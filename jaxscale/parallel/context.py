@@ -42,10 +42,10 @@ from jax import lax
 
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxscale import attention as attentionlib
+from jaxscale.model import attention as attentionlib
 
 AXIS = "cp"
-COLLECTIVE = "collective"  # jaxscale.model.COLLECTIVE (a remat policy may keep these)
+COLLECTIVE = "collective"  # jaxscale.model.transformer.COLLECTIVE (a remat policy may keep these)
 LAYOUTS = ("zigzag", "contiguous")
 
 
@@ -93,7 +93,7 @@ class SequenceShard:
     (its `seq` argument): the global positions of its tokens (for the position
     embeddings) and `attend`. The sequence is split over `cp` (ring attention) and, with
     sequence parallelism, each cp share again over `tp` between the sub-layers (attention
-    sees the cp share whole: jaxscale.model.block gathers it). `segments`: every token's
+    sees the cp share whole: jaxscale.model.transformer.block gathers it). `segments`: every token's
     document id, all devices' shares in device order ([B, T], gathered once per step), or
     None (no document mask)."""
 
@@ -232,7 +232,7 @@ def prepare(batch: dict, cp: int, layout: str = "zigzag", document_mask: bool = 
     """The step's batch (whole rows, under jit) made ready for the ring: each token's
     document id added when attention is masked to documents (computed on whole rows,
     before the split), then every [B, T] array in `sequence_order`."""
-    from jaxscale.model import document_ids
+    from jaxscale.model.transformer import document_ids
     if document_mask:
         batch = {**batch, "segments": document_ids(batch["tokens"])}
     if cp == 1:

@@ -1,4 +1,4 @@
-"""Gantt charts of a simulated pipeline schedule (jaxscale.parallel.schedule), as PNGs.
+"""Gantt charts of a simulated pipeline schedule (jaxscale.parallel.schedules), as PNGs.
 
 One lane per device and one box per action: forwards in blues, backwards in oranges, one
 shade per model chunk. Each box carries the largest label that fits inside it (F3a, else
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxscale.parallel.schedule import Timeline, time_unit
+from jaxscale.parallel.schedules import Timeline, time_unit
 from jaxscale.report import pyplot, save_figure
 
 KIND_WORDS = {"F": "forward", "B": "backward"}

@@ -1,7 +1,7 @@
 """Tensor, pipeline, context and data parallelism together: one shard_map over the
 (dp, pp, cp, tp) mesh.
 
-Where each parameter lives follows from its logical axis names (jaxscale.model), by rules:
+Where each parameter lives follows from its logical axis names (jaxscale.model.transformer), by rules:
 
     heads -> tp    Q, K, V split by output heads, O by input heads        (Megatron)
     mlp   -> tp    W1 split by output columns, W2 by input rows           (Megatron)
@@ -9,7 +9,7 @@ Where each parameter lives follows from its logical axis names (jaxscale.model),
     anything else  replicated: embeddings, LayerNorms, output biases
 
 Inside the step: the blocks run tensor parallel over `tp` (two all-reduces per layer
-forward, two backward: jaxscale.model.block), the pipeline schedule runs over `pp`
+forward, two backward: jaxscale.model.transformer.block), the pipeline schedule runs over `pp`
 (jaxscale.parallel.pipeline) or, with pp = 1, micro-batches accumulate as in plain DP, and
 the gradients are all-reduced over `dp`. With cp > 1 every device holds T/cp of each
 row's tokens (jaxscale.parallel.context: the tokens in zig-zag order, attention a ring
@@ -28,11 +28,12 @@ import optax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale import devices as devlib, model as modellib, precision
+from jaxscale.runtime import devices as devlib
+from jaxscale.model import transformer as modellib, precision
 from jaxscale.parallel import context
 from jaxscale.parallel.canonical import Canonical, param_infos
-from jaxscale.parallel.data import (AXIS, ShardedStep, accumulated_value_and_grad,
-                                    shard_step)
+from jaxscale.parallel.data_parallel import (AXIS, ShardedStep, accumulated_value_and_grad,
+    shard_step)
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
 from jaxscale.parallel.zero import (ZeroLayout, check_elementwise, forward_gathered,
                                     gathered_units)
@@ -265,7 +266,7 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
                     else modellib.sequence(model_cfg, mb["tokens"]))
 
         def nll(prm, mb):
-            from jaxscale.loss import logits_nll_and_count
+            from jaxscale.model.loss import logits_nll_and_count
             if plan.zero_stage == 3:  # prm: my dp slices of my tp shards, gathered per unit
                 logits = forward_gathered(prm, mb["tokens"], plan.remat, layout.fetch,
                                           plan.attention, plan.unroll, tp_axis, sequence(mb))

@@ -1,4 +1,4 @@
-"""Pipeline parallelism over the `pp` mesh axis, for any schedule of jaxscale.parallel.schedule.
+"""Pipeline parallelism over the `pp` mesh axis, for any schedule of jaxscale.parallel.schedules.
 
 The layers are cut into p stages (p x v chunks when interleaved) and the batch into m
 micro-batches. The schedule says, for each device, in which order it runs the forward (F)
@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxscale import model as modellib
-from jaxscale.loss import logits_nll_and_count
-from jaxscale.parallel import schedule as sched
+from jaxscale.model import transformer as modellib
+from jaxscale.model.loss import logits_nll_and_count
+from jaxscale.parallel import schedules as sched
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 import optax
 from flax import nnx
 
-from jaxscale import attention, devices as devlib, model as modellib, precision
+from jaxscale.model import attention, transformer as modellib, precision
+from jaxscale.runtime import devices as devlib
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 REMAT_POLICIES = tuple(modellib.REMAT_POLICIES)
@@ -45,7 +46,7 @@ class Plan:
     virtual: int = 1  # model chunks per pipeline device (interleaved schedule: >= 2)
     remat: str = "none"
     precision: str = "fp32"
-    attention: str = "einsum"  # jaxscale.attention.KERNELS: einsum (reference), xla, cudnn
+    attention: str = "einsum"  # jaxscale.model.attention.KERNELS: einsum (reference), xla, cudnn
     unroll: bool = False  # the layers written out instead of one scanned loop body
 
     @property
@@ -105,7 +106,7 @@ class Plan:
                 f"= {self.dp} x {self.micro_batches}; use a batch that is a multiple of "
                 f"{self.dp * self.micro_batches}")
         if self.pp > 1 or self.virtual > 1:
-            from jaxscale.parallel import schedule as sched
+            from jaxscale.parallel import schedules as sched
             try:
                 sched.check_sizes(self.schedule, self.pp, self.micro_batches, self.virtual)
             except sched.ScheduleError as e:
@@ -220,7 +221,7 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     if plan.zero_stage:
         from jaxscale.parallel.zero import build_zero
         return build_zero(graphdef, plan, optimizer, pol, shapes, devices)
-    from jaxscale.parallel.data import ShardedStep, build_data_parallel
+    from jaxscale.parallel.data_parallel import ShardedStep, build_data_parallel
     if plan.n_devices == 1 and plan.micro_batches == 1:  # the reference: a plain jit
         from jaxscale.parallel.canonical import Canonical
         canonical = Canonical(precision.Replicated(), optimizer, pol, shapes, None)

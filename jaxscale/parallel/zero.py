@@ -16,7 +16,7 @@ to a tensor whose size K does not divide (the tiny model's 3,232-element embeddi
            unit's parameters (embeddings, one block, the head) just before it runs, under
            `jax.checkpoint`, so the gathered copy is dropped and gathered again in the
            backward pass. Differentiating all_gather gives psum_scatter: each parameter's
-           gradient arrives already reduce-scattered (see jaxscale.model.forward)
+           gradient arrives already reduce-scattered (see jaxscale.model.transformer.forward)
 
 Communication per step: stages 1 and 2 equal plain data parallelism (an all-reduce is a
 reduce-scatter followed by an all-gather; ZeRO moves the update between the two). Stage 3
@@ -40,11 +40,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale import devices as devlib, model as modellib, precision
-from jaxscale.loss import logits_nll_and_count, nll_and_count
+from jaxscale.runtime import devices as devlib
+from jaxscale.model import transformer as modellib, precision
+from jaxscale.model.loss import logits_nll_and_count, nll_and_count
 from jaxscale.parallel.canonical import Canonical
-from jaxscale.parallel.data import (AXIS, ShardedStep, accumulated_value_and_grad,
-                                    shard_step)
+from jaxscale.parallel.data_parallel import (AXIS, ShardedStep, accumulated_value_and_grad,
+    shard_step)
 
 STACKED = "blocks"  # the parameter subtree whose leaves carry a leading layers axis
 

@@ -1,0 +1,212 @@
+"""`jaxscale compare`: every parallel strategy side by side, measured next to predicted.
+
+    jaxscale compare                                  # 8 CPU devices, tiny, 20 steps
+    jaxscale compare --devices 4 --strategies single,dp,zero3,tp --json
+    jaxscale compare --abstract --model 7b --devices 64   # compile only, XLA's memory
+
+Each strategy trains on the same batches (same tokens per step) and is checked against the
+single device, within a multiple of the drift that rounding alone produces (the control
+run); the table shows its memory, communication, compile and step time, each measured
+figure beside the cost model's. Writes compare.json (a row as each strategy finishes),
+compare.md and PNG charts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from jaxscale.cli.main import _number
+from jaxscale.runtime.devices import PLATFORMS
+
+
+def register(subparsers) -> None:
+    from jaxscale.runtime import processes as distributed
+    from jaxscale.cli import runtime_options as runtime
+    from jaxscale.compare.strategies import CONTROL, NOISE_FLOOR, NOISE_MULTIPLE, STRATEGIES
+    from jaxscale.model.transformer import PRESETS
+    from jaxscale.parallel.plan import LAYOUT_KEYS
+    from jaxscale.cli.paths import output_dir
+    p = subparsers.add_parser(
+        "compare", help="run every parallel strategy side by side, measured vs predicted",
+        description=(
+            "Train the same model with each parallel strategy on the same batches and show, "
+            "per strategy: the largest relative loss difference from the single device, "
+            f"judged against a measured noise floor (the '{CONTROL}' run is the single device "
+            "with its batch summed in two halves: rounding alone; a strategy passes within "
+            f"{NOISE_MULTIPLE:g} x its drift, never below {NOISE_FLOOR:g}); per-device memory "
+            "of the compiled step (state shards and XLA's analysis) next to the closed forms; "
+            "bytes each device sends per step by collective (read from the HLO) next to the "
+            "cost model; compile time (compiled, or loaded from the cache); step time (median "
+            "and quartiles) as a ratio to one device; the pipeline's idle share. Strategies: "
+            "single; dp; zero1/zero2 (over dp, 4 micro-batches); zero3; tp (largest the heads "
+            "allow); pp (largest the layers allow, 1F1B); dp+tp; dp+pp; 3d (dp x tp=2 x pp=2, "
+            "ZeRO-1); fsdp+tp (ZeRO-3 over dp on tp=2 shards); tp+sp (sequence parallel); cp "
+            "(ring attention over the largest cp the sequence allows); dp+cp+tp (cp=2, tp=2, "
+            "sequence parallel). Each runs in a worker process: a strategy that crashes is marked failed "
+            "and the others are kept. Exit code 1 if a strategy fails or misses the bound."))
+    p.add_argument("--devices", type=_number(), default=8, metavar="N",
+                   help="devices to use (CPU: forced host devices; several processes: in "
+                        "all, split evenly over them; default 8)")
+    p.add_argument("--platform", default="auto", choices=PLATFORMS, metavar="NAME",
+                   help="cpu, gpu, tpu or auto (the default backend; default auto)")
+    p.add_argument("--model", default="tiny", choices=list(PRESETS), metavar="PRESET",
+                   help=f"model preset: {', '.join(PRESETS)} (default tiny)")
+    p.add_argument("--steps", type=_number(), default=20, help="training steps (default 20)")
+    p.add_argument("--batch-size", type=_number(), default=32,
+                   help="documents per step, the same for every strategy (default 32)")
+    p.add_argument("--strategies", default=None, metavar="LIST",
+                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all that "
+                        "fit the devices, unless --strategy is given)")
+    p.add_argument("--strategy", action="append", default=[], metavar="LAYOUT",
+                   help="a layout written out, e.g. dp=2,tp=4,zero=1,remat=full,precision=bf16 "
+                        f"(keys: {', '.join(LAYOUT_KEYS)}); repeatable, beside --strategies")
+    p.add_argument("--tolerance", type=_number(float, 0, exclusive=True), default=None,
+                   metavar="REL", help="pass bound on the largest relative loss difference "
+                                       "from the single device, instead of the measured one")
+    p.add_argument("--repeats", type=_number(minimum=3), default=15, metavar="R",
+                   help="timed steps per strategy for the median and quartiles (default 15)")
+    p.add_argument("--abstract", action="store_true",
+                   help="lower and compile only (no execution, no allocation): XLA's "
+                        "per-device memory next to the formulas, for models too big to run")
+    p.add_argument("--out", type=output_dir, default="runs/compare", metavar="DIR",
+                   help="folder for compare.json, compare.md and, unless --abstract, the "
+                        "PNG charts (default runs/compare)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with every figure")
+    p.add_argument("--save-params", type=output_dir, default=None, metavar="DIR",
+                   help="write each strategy's final whole parameters to DIR/NAME.npz (to "
+                        "compare runs, e.g. one process against several)")
+    runtime.add_profile_argument(p)  # one trace folder per strategy: DIR/NAME
+    distributed.add_arguments(p)
+    p.set_defaults(run=run)
+
+
+def _strategy_names(args, n, cfg) -> tuple[list[str], tuple[str, ...]]:
+    """(strategy names, written-out layouts) to run; the single device and the control
+    first (the reference and the noise floor), unless compiling only."""
+    from jaxscale.compare.strategies import CONTROL, STRATEGIES, CompareError, strategy_plan
+    layouts = tuple(args.strategy)
+    if args.strategies is None and not layouts:
+        names = []
+        for name in STRATEGIES:
+            try:
+                strategy_plan(name, n, cfg)
+                names.append(name)
+            except CompareError:
+                pass  # does not fit these devices: left out of the default set
+    else:
+        names = [s.strip() for s in (args.strategies or "").split(",") if s.strip()]
+        bad = [s for s in names if s not in STRATEGIES]
+        if bad or (args.strategies is not None and not names):
+            raise CompareError(f"unknown strategy {bad[0] if bad else args.strategies!r}; "
+                               f"choose from {', '.join(STRATEGIES)}")
+    if not args.abstract:
+        names = ["single", CONTROL] + [s for s in names if s not in ("single", CONTROL)]
+    return names, layouts
+
+
+def run(args) -> int:
+    from dataclasses import asdict
+
+    from jaxscale.runtime import processes as distributed
+    from jaxscale.model import transformer as modellib
+    from jaxscale.compare.strategies import CompareError, check_strategies
+    cfg = modellib.preset(args.model)
+    on_cpu = args.platform == "cpu" or (args.platform == "auto"
+                                        and not distributed.accelerator_installed())
+    if not args.abstract and on_cpu and args.model not in modellib.CPU_PRESETS:
+        raise CompareError(f"model {args.model!r} is too big to train here; use --abstract "
+                           "to compile it without running, or one of "
+                           f"{', '.join(modellib.CPU_PRESETS)}")
+    names, layouts = _strategy_names(args, args.devices, cfg)
+    plans = check_strategies(names, args.devices, cfg, layouts)  # all valid before JAX starts
+    for name, plan in plans.items():
+        if args.batch_size % (plan.dp * plan.micro_batches):
+            need = max(p.dp * p.micro_batches for p in plans.values())
+            raise CompareError(f"strategy {name!r}: batch of {args.batch_size} documents is not "
+                               f"divisible by dp x micro_batches = {plan.dp} x "
+                               f"{plan.micro_batches}; try --batch-size {need}")
+    out = Path(args.out)
+    cluster = distributed.from_args(args)
+    if args.abstract:
+        if cluster is not None:
+            raise CompareError("--abstract compiles in one process; drop the multi-process "
+                               "options (or run it without `jaxscale launch`)")
+        return _run_abstract(args, cfg, plans, out)
+    from jaxscale.compare import report
+    from jaxscale.compare.run import WorkerError, run_all
+    from jaxscale.compare.strategies import judge
+    result = {"model": args.model, "devices": args.devices, "steps": args.steps,
+              "batch_size": args.batch_size, "cores": os.cpu_count(),
+              "platform": args.platform, "complete": False,
+              "rows": []}
+
+    def save(rows):  # every finished strategy is on disk at once
+        result["rows"] = rows
+        result["noise"] = judge(rows, args.tolerance)
+        result["all_pass"] = all(r["pass"] for r in rows)
+        _write_json(out / "compare.json", result)
+
+    spec = {"model": args.model, "devices": args.devices, "platform": args.platform,
+            "steps": args.steps, "batch_size": args.batch_size, "repeats": args.repeats,
+            "strategies": [{"name": k, "plan": p.as_dict()} for k, p in plans.items()],
+            "cluster": None if cluster is None else asdict(cluster),
+            "save_params": None if args.save_params is None else str(args.save_params),
+            "profile": None if args.profile is None else os.path.abspath(args.profile)}
+    if cluster is not None:
+        result["processes"] = cluster.num_processes
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    voice = {"main": cluster is None or cluster.process_id in (None, 0)}
+    try:
+        rows = run_all(spec, save, log, voice=voice)
+    except WorkerError as e:
+        raise CompareError(str(e)) from None
+    except KeyboardInterrupt:
+        if not voice["main"]:
+            return 130
+        save(result["rows"])
+        log(f"jaxscale: interrupted; the {len(result['rows'])} strategies finished so far "
+            f"are in {out / 'compare.json'}")
+        return 130
+    if not voice["main"]:  # process 0 reports for the job
+        return 1 if any(r["status"] == "failed" for r in rows) else 0
+    result["complete"] = True
+    report.finish(result)
+    save(result["rows"])
+    (out / "compare.md").write_text(report.markdown(result))
+    from jaxscale.compare.charts import charts
+    charts(result, out)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        report.print_table(result)
+        print(f"report, JSON and charts in {out}/", file=sys.stderr)
+    return 0 if result["all_pass"] else 1
+
+
+def _run_abstract(args, cfg, plans, out: Path) -> int:
+    """Compile only, in this process (nothing runs, so nothing can crash a collective)."""
+    from jaxscale.compare import report
+    from jaxscale.runtime import devices as devlib
+    from jaxscale.cli.main import enable_compilation_cache
+    devices = devlib.pick_devices(args.platform, args.devices)
+    enable_compilation_cache()
+    rows = report.run_abstract(cfg, plans, devices, args.batch_size)
+    result = {"model": args.model, "devices": args.devices, "abstract": True, "rows": rows}
+    _write_json(out / "compare.json", result)
+    (out / "compare.md").write_text(report.markdown(result))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        report.print_table(result)
+        print(f"report and JSON in {out}/", file=sys.stderr)
+    return 0
+
+
+def _write_json(path: Path, obj) -> None:
+    """Write whole or not at all: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)

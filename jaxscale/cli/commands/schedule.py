@@ -1,0 +1,113 @@
+"""`jaxscale schedule`: simulate a pipeline schedule, draw it and count its bubble.
+
+    jaxscale schedule --stages 4 --micro-batches 4 --schedule gpipe
+    jaxscale schedule --stages 4 --micro-batches 8 --schedule interleaved --virtual 2 --json
+
+Pure Python (jaxscale.parallel.schedules, .gantt); JAX is never started. The sizes are
+bounded (MAX_* below) so that any run within them finishes in seconds: the simulator steps
+through every forward and backward, 2 x p x m x v of them, in Python.
+"""
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+from jaxscale.cli.main import _number
+from jaxscale.parallel import schedules as sched
+from jaxscale.parallel.gantt import gantt_png
+from jaxscale.cli.paths import output_file
+from jaxscale.report import plural
+
+# Each option's bound, and one on their product: p x m x v forwards (and as many backwards)
+# to simulate. 64 stages, 1,024 micro-batches and 16 chunks each are beyond common practice;
+# at the product bound the simulation (~10 us per action) and the text chart take under a
+# second and the PNG of 16,384 boxes one to two more (measured on a loaded 2-core CPU).
+MAX_STAGES, MAX_MICRO_BATCHES, MAX_VIRTUAL = 64, 1024, 16
+MAX_FORWARDS = 8192
+
+
+def register(subparsers) -> None:
+    """Add the `schedule` subcommand to jaxscale's parser."""
+    p = subparsers.add_parser(
+        "schedule", help="simulate a pipeline schedule: its chart, bubble and activations",
+        description=(
+            "Simulate one training step of a pipeline (forwards and backwards of every "
+            "micro-batch on every stage, each action waiting for its inputs), print it as a "
+            "chart, and report the simulated idle fraction next to the textbook formula and "
+            "the activations each device holds at its peak."))
+    p.add_argument("--stages", type=_number(maximum=MAX_STAGES), default=4, metavar="P",
+                   help=f"pipeline stages p, one per device (default 4, at most {MAX_STAGES})")
+    p.add_argument("--micro-batches", type=_number(maximum=MAX_MICRO_BATCHES), default=4,
+                   metavar="M", help="micro-batches m per step (default 4, at most "
+                                     f"{MAX_MICRO_BATCHES:,})")
+    p.add_argument("--schedule", default="1f1b", metavar="NAME",
+                   help=f"one of {', '.join(sched.SCHEDULES)} (default 1f1b)")
+    p.add_argument("--virtual", type=_number(maximum=MAX_VIRTUAL), default=None, metavar="V",
+                   help="model chunks per device, interleaved only (default 2 there, else 1; "
+                        f"at most {MAX_VIRTUAL}); p x m x v at most {MAX_FORWARDS:,}")
+    p.add_argument("--forward-cost", type=_number(float, 0, exclusive=True), default=1.0,
+                   metavar="T", help="time of one stage's forward (default 1)")
+    p.add_argument("--backward-cost", type=_number(float, 0, exclusive=True), default=2.0,
+                   metavar="T", help="time of one stage's backward (default 2)")
+    p.add_argument("--png", type=output_file, default=None, metavar="FILE",
+                   help="also write a Gantt chart PNG to FILE (its folder must exist)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object with every figure instead of the chart")
+    p.set_defaults(run=_cmd_schedule)
+
+
+def _show(x: Fraction) -> str:
+    return str(x) if x.denominator == 1 else f"{x} = {float(x):.4f}"
+
+
+def _cmd_schedule(args) -> int:
+    name, p, m = args.schedule, args.stages, args.micro_batches
+    v = args.virtual if args.virtual is not None else (2 if name == "interleaved" else 1)
+    if v > 1 and name in sched.SCHEDULES and name != "interleaved":
+        raise sched.ScheduleError(f"--virtual {v} needs --schedule interleaved; {name} runs "
+                                  "one model chunk per device")
+    if p * m * v > MAX_FORWARDS:
+        raise sched.ScheduleError(
+            f"--stages {p} x --micro-batches {m} x --virtual {v} = {p * m * v:,} forwards to "
+            f"simulate, more than {MAX_FORWARDS:,} (a chart of {2 * p * m * v:,} boxes); "
+            "lower one of them")
+    orders = sched.stage_orders(name, p, m, v)
+    tl = sched.simulate(orders, p, m, v, args.forward_cost, args.backward_cost)
+    formula_text = "(p-1)/(v*m+p-1)" if v > 1 else "(p-1)/(m+p-1)"
+    formula, simulated = sched.bubble_over_total(name, p, m, v), tl.idle_fraction
+    chart = sched.text_chart(tl)
+    png = None if args.png is None else str(args.png)
+    if png:
+        gantt_png(tl, png, title=f"{name}, p={p}, m={m}, v={v}: idle {float(simulated):.1%}"
+                                 f" (simulated), formula {formula_text} = {float(formula):.1%}")
+    if args.json:
+        print(json.dumps({
+            "schedule": name, "stages": p, "micro_batches": m, "virtual": v,
+            "forward_cost": args.forward_cost, "backward_cost": args.backward_cost,
+            "makespan": float(tl.makespan), "busy": [float(b) for b in tl.busy],
+            "idle_fraction": float(simulated), "idle_fraction_exact": str(simulated),
+            "formula": formula_text, "formula_idle_fraction": float(formula),
+            "formula_idle_fraction_exact": str(formula), "matches_formula": simulated == formula,
+            "peak_in_flight": tl.peak_in_flight,
+            "orders": [[a.label(v) for a in order] for order in orders],
+            "timeline": [[{"start": float(s), "end": float(e), "kind": a.kind,
+                           "micro_batch": a.micro_batch, "chunk": a.chunk} for s, e, a in row]
+                         for row in tl.rows],
+            "chart": chart, "png": png}))
+        return 0
+    what = "micro-batches" if v == 1 else f"chunk activations (each 1/{v} of a device's layers)"
+    example = f"; F{m - 1}b = micro-batch {m - 1} on chunk b" if v > 1 else ""
+    print(f"{name}: p = {plural(p, 'stage')}, m = {plural(m, 'micro-batch')}, v = "
+          f"{plural(v, 'chunk')} per device; forward {args.forward_cost:g}, backward "
+          f"{args.backward_cost:g} per stage{example}")
+    print(chart)
+    print(f"makespan {_show(tl.makespan)}, busy {_show(tl.busy[0])} per device")
+    print(f"idle fraction: simulated {_show(simulated)}; formula {formula_text} = "
+          f"{_show(formula)} ({'equal' if simulated == formula else 'DIFFERENT'})")
+    print(f"peak in-flight {what} per device: {' '.join(map(str, tl.peak_in_flight))}"
+          + (f" (GPipe would hold {'all ' * (m > 1)}{plural(m, 'micro-batch')} on every "
+             "device)" if name == "1f1b" else ""))
+    if png:
+        print(f"Gantt chart in {png}")
+    return 0
+

@@ -1,0 +1,378 @@
+"""`jaxscale train`: train a model on the garden corpus and report it next to the floor."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+from jaxscale.cli.main import (EXIT_FAILED, EXIT_INTERRUPTED, _error, _number,
+    enable_compilation_cache)
+from jaxscale.training.supervise import SUPERVISED
+
+
+def register(subparsers) -> None:
+    from jaxscale.runtime import processes as distributed
+    from jaxscale.training.checkpoint.manager import CheckpointOptions
+    from jaxscale.cli import runtime_options as runtime
+    from jaxscale.cli.calculator_args import preset_summary
+    from jaxscale.model.transformer import PRESETS, REMAT_POLICIES
+    from jaxscale.parallel.schedules import SCHEDULES
+    from jaxscale.cli.paths import output_dir
+    from jaxscale.model.precision import POLICIES, POLICY_HELP
+    from jaxscale.training.spikes import SPIKE_POLICIES
+    from jaxscale.training.train import LR_SCHEDULES, OPTIMIZERS, TrainConfig
+
+    d = TrainConfig()
+    t = subparsers.add_parser("train", help="train a model on the garden corpus", description=(
+        "Train a causal transformer on the garden-world corpus and report the validation "
+        "loss next to the language's exact entropy floor (the loss no model can beat)."))
+    t.add_argument("--model", default=d.model, choices=list(PRESETS), metavar="NAME",
+                   help=f"model preset: {'; '.join(preset_summary(k) for k in PRESETS)} "
+                        f"(default {d.model}; mid, 1b and 7b are sized for GPU/TPU)")
+    t.add_argument("--steps", type=_number(), default=d.steps,
+                   help=f"training steps (default {d.steps})")
+    t.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS, metavar="NAME",
+                   help=f"one of {', '.join(OPTIMIZERS)} (default {d.optimizer})")
+    t.add_argument("--lr", type=_number(float, 0, exclusive=True), default=d.lr,
+                   help=f"peak learning rate (default {d.lr:g})")
+    t.add_argument("--lr-schedule", default=d.lr_schedule, choices=LR_SCHEDULES,
+                   metavar="NAME", help="cosine (warm-up, then decay to 10%%) or constant "
+                                        f"(after warm-up); default {d.lr_schedule}")
+    t.add_argument("--warmup", type=_number(minimum=0), default=d.warmup,
+                   help=f"linear warm-up steps (default {d.warmup})")
+    t.add_argument("--batch-size", type=_number(), default=d.batch_size,
+                   help=f"documents per step (default {d.batch_size})")
+    t.add_argument("--train-docs", type=_number(), default=d.n_train_docs, metavar="N",
+                   help=f"garden documents drawn for training (default {d.n_train_docs:,}); "
+                        "the mid, 1b and 7b presets pack about 45 of them into a row of "
+                        "1,024 tokens")
+    t.add_argument("--seed", type=_number(minimum=0), default=d.seed,
+                   help="seed of the corpus, the initialisation and the batch order "
+                        f"(default {d.seed})")
+    t.add_argument("--eval-every", type=_number(), default=d.eval_every,
+                   help=f"validate every N steps (default {d.eval_every})")
+    t.add_argument("--stop-gap", type=_number(float, 0, exclusive=True), default=None,
+                   metavar="NATS", help="stop as soon as validation loss is within NATS of "
+                                        "the entropy floor")
+    t.add_argument("--out", type=output_dir, default="runs/train", metavar="DIR",
+                   help="output folder for metrics.jsonl, loss_curve.png, result.json "
+                        "(default runs/train)")
+    t.add_argument("--json", action="store_true",
+                   help="print one JSON object with every figure instead of a table")
+    t.add_argument("--devices", type=_number(), default=None, metavar="N",
+                   help="split the host CPU into N devices (several processes: N in all, "
+                        "split evenly over them)")
+    t.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="device mesh, e.g. dp=8, dp=2,tp=2,pp=2 or dp=2,cp=2,tp=2 (sizes "
+                        "multiply to the device count; cp splits the sequence: ring "
+                        "attention, try --model long)")
+    t.add_argument("--zero", type=int, default=d.zero_stage, choices=[0, 1, 2, 3],
+                   metavar="STAGE", help="ZeRO stage over the dp axis: 1 shards the optimizer "
+                                         "state, 2 also the gradients, 3 also the parameters "
+                                         "(gathered per layer when needed)")
+    t.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron sequence parallelism (needs tp >= 2): the tp group also "
+                        "splits the sequence between its all-reduces, which become a "
+                        "reduce-scatter and an all-gather")
+    t.add_argument("--micro-batches", type=_number(), default=None, metavar="M",
+                   help="gradient accumulation: split each batch into M micro-batches, reduce "
+                        "gradients once per step (default 1; with --resume on another mesh, "
+                        "as many as keep the checkpoint's rows per micro-batch)")
+    t.add_argument("--schedule", default=d.schedule, choices=list(SCHEDULES), metavar="NAME",
+                   help="pipeline schedule over pp: gpipe (all forwards, then all backwards), "
+                        "1f1b (one forward, one backward: at most pp micro-batches in flight), "
+                        "interleaved (--virtual chunks of layers per device); default "
+                        f"{d.schedule}")
+    t.add_argument("--virtual", type=_number(), default=None, metavar="V",
+                   help="model chunks per pipeline device for --schedule interleaved "
+                        "(default 2 there, 1 otherwise)")
+    t.add_argument("--remat", default=d.remat, choices=list(REMAT_POLICIES), metavar="POLICY",
+                   help="activation recomputation: none; full (keep each block's input, "
+                        "recompute the block in backward); matmuls (keep matmul outputs); "
+                        "selective (recompute only the attention core)")
+    t.add_argument("--precision", default=d.precision, choices=list(POLICIES), metavar="POLICY",
+                   help="number formats: " + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items()))
+    c = t.add_argument_group("checkpoints", "save the whole training state (Orbax, in a "
+                             "plan-independent form) and resume it, under any plan")
+    c.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="directory of the run's checkpoints, one sub-directory per step")
+    c.add_argument("--checkpoint-every", type=_number(), default=None, metavar="N",
+                   help="save every N steps and at the last step (needs --checkpoint-dir)")
+    c.add_argument("--keep", type=_number(), default=None, metavar="K",
+                   help="complete checkpoints to keep, the oldest deleted first (default "
+                        f"{CheckpointOptions.keep})")
+    c.add_argument("--async-checkpoint", action="store_true",
+                   help="write checkpoints in the background: training waits only for the "
+                        "copy to host memory")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from the latest complete checkpoint in --checkpoint-dir; "
+                        "--mesh, --zero, --devices, --micro-batches, --schedule may differ "
+                        "from the run that saved it (the state is resharded)")
+    c.add_argument("--accept-lr-change", action="store_true",
+                   help="resume although --lr differs from the checkpoint's (the new "
+                        "learning rate applies from here on)")
+    c.add_argument("--halt-after", type=_number(), default=None, metavar="N",
+                   help="stop after step N as if interrupted, keeping the schedule of all "
+                        "--steps (save with --checkpoint-every; continue with --resume)")
+    g = t.add_argument_group("spikes and faults", "catch loss spikes as they happen (a "
+                             "rolling z-score of the loss and the gradient norm) and provoke "
+                             "them, or crashes, on purpose")
+    g.add_argument("--spike-policy", default=d.spike_policy, choices=SPIKE_POLICIES,
+                   metavar="POLICY", help="what a spike does: skip (drop the update), "
+                   "rollback (restore the last checkpoint, skip the batches since, lower the "
+                   "learning rate), stop; none: no guard (default). With any guard a "
+                   "non-finite loss or gradient is skipped")
+    g.add_argument("--spike-z", type=_number(float, 0, exclusive=True), default=d.spike_z,
+                   metavar="K", help="a spike is a loss or gradient norm above the mean + K "
+                   f"standard deviations of the window (default {d.spike_z:g})")
+    g.add_argument("--spike-window", type=_number(minimum=2), default=d.spike_window,
+                   metavar="W", help="accepted steps in the rolling statistics; no decision "
+                   f"before W steps (default {d.spike_window})")
+    g.add_argument("--rollback-lr-factor", type=_number(float, 0, exclusive=True),
+                   default=d.rollback_lr_factor, metavar="F",
+                   help=f"each rollback multiplies the learning rate by F (default "
+                        f"{d.rollback_lr_factor:g})")
+    g.add_argument("--inject", action="append", default=[], metavar="FAULT",
+                   help="inject a fault, once per run (repeat the flag for several): "
+                        "nan@STEP (NaN gradients), spike@STEP[:random|repeat|ngram] (a garbage "
+                        "batch), lr@STEP:FACTOR (the learning rate jumps from STEP on), "
+                        "crash@STEP (the process kills itself with SIGKILL)")
+    g.add_argument("--max-restarts", type=_number(minimum=0), default=None, metavar="R",
+                   help="run training in a child process and restart it from its latest "
+                        "checkpoint when it dies, at most R times (needs --checkpoint-dir "
+                        "and --checkpoint-every)")
+    runtime.add_arguments(t)
+    distributed.add_arguments(t)
+    t.set_defaults(run=run)
+
+
+def _checkpoint_options(args):
+    """The checkpoint options, validated before anything is written (CheckpointError)."""
+    from jaxscale.training.checkpoint.manager import CheckpointError, CheckpointOptions
+
+    given = [flag for flag, on in (
+        ("--checkpoint-every", args.checkpoint_every is not None), ("--resume", args.resume),
+        ("--async-checkpoint", args.async_checkpoint), ("--keep", args.keep is not None),
+        ("--accept-lr-change", args.accept_lr_change),
+        ("--halt-after", args.halt_after is not None)) if on]
+    if args.checkpoint_dir is None:
+        if given:
+            raise CheckpointError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} "
+                                  "--checkpoint-dir DIR")
+        return None
+    if args.checkpoint_every is None and not args.resume:
+        raise CheckpointError("--checkpoint-dir needs --checkpoint-every N (to save) or "
+                              "--resume (to continue), or both")
+    unused = [flag for flag in given if flag in ("--async-checkpoint", "--keep", "--halt-after")]
+    if args.checkpoint_every is None and unused:
+        raise CheckpointError(f"{', '.join(unused)} only apply when saving; add "
+                              "--checkpoint-every N")
+    if args.accept_lr_change and not args.resume:
+        raise CheckpointError("--accept-lr-change only applies with --resume")
+    keep = CheckpointOptions.keep if args.keep is None else args.keep
+    options = CheckpointOptions(args.checkpoint_dir, every=args.checkpoint_every,
+                                keep=keep, async_save=args.async_checkpoint,
+                                resume=args.resume, accept_lr_change=args.accept_lr_change)
+    options.validate()
+    return options
+
+
+def _setup_devices(args):
+    """Force CPU devices (this process's share of them, when it is one of several) and
+    validate the mesh, before any JAX computation."""
+    from jaxscale.runtime import devices, processes as distributed
+
+    cluster = distributed.from_args(args)
+    shape = devices.parse_mesh_spec(args.mesh) if args.mesh is not None else None
+    if shape is not None and args.devices is not None and shape.size != args.devices:
+        raise devices.MeshSpecError(f"mesh {args.mesh} has {shape.size} devices but --devices "
+                                    f"is {args.devices}; make them equal")
+    if cluster is not None:
+        distributed.start(cluster, args.devices)
+        found = None
+    else:  # forced CPU devices, or the platform's own
+        found = devices.pick_devices(args.platform, args.devices)
+    if shape is None:
+        return None
+    if found is not None and found[0].platform != "cpu":
+        if shape.size > len(found):
+            raise devices.DeviceError(f"mesh {args.mesh} needs {shape.size} devices; there "
+                                      f"{'is' if len(found) == 1 else 'are'} {len(found)} "
+                                      f"{found[0].platform} device(s) here")
+        return devices.make_mesh(shape, found[:shape.size])
+    return devices.make_mesh(shape)  # sizes must match the (global) devices
+
+
+def run(args) -> int:
+    import dataclasses
+
+    import jax
+
+    from jaxscale.training.checkpoint.manager import CheckpointWriteError
+    from jaxscale.cli.runtime_options import resolve_attention
+    from jaxscale.runtime.processes import is_main
+    from jaxscale.report import plural
+    from jaxscale.training.spikes import parse_faults
+    from jaxscale.training.train import TrainConfig, TrainConfigError, TrainInterrupted, train
+
+    several = args.num_processes is not None and args.num_processes > 1
+    if args.mesh is None and several and args.devices is not None:
+        args.mesh = f"dp={args.devices}"  # several processes: the mesh spans all devices
+    cfg = TrainConfig(model=args.model, steps=args.steps, optimizer=args.optimizer, lr=args.lr,
+                      lr_schedule=args.lr_schedule, warmup=args.warmup,
+                      batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
+                      n_train_docs=args.train_docs,
+                      stop_gap=args.stop_gap, precision=args.precision,
+                      mesh=args.mesh or "dp=1", micro_batches=args.micro_batches or 1,
+                      remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
+                      sequence_parallel=args.sequence_parallel,
+                      virtual=args.virtual or (2 if args.schedule == "interleaved" else 1),
+                      spike_policy=args.spike_policy, spike_z=args.spike_z,
+                      spike_window=args.spike_window,
+                      rollback_lr_factor=args.rollback_lr_factor)
+    if args.halt_after is not None and args.halt_after >= cfg.steps:
+        raise TrainConfigError(f"--halt-after {args.halt_after} must be below --steps "
+                               f"{cfg.steps}; it stops the run early")
+    checkpoint = _checkpoint_options(args)
+    if checkpoint is not None and checkpoint.resume and args.micro_batches is None:
+        cfg = _elastic(cfg, checkpoint.directory)
+    cfg.validate()
+    faults = parse_faults(args.inject)
+    if args.max_restarts is not None and not os.environ.get(SUPERVISED):
+        return _supervise(args, checkpoint)
+    if checkpoint is not None and checkpoint.resume:
+        from jaxscale.training.checkpoint.manager import check_resumable
+        check_resumable(checkpoint.directory, dataclasses.asdict(cfg),
+                        checkpoint.accept_lr_change)
+    _setup_devices(args)
+    if args.mesh is None and jax.process_count() > 1:  # a cluster's own devices: dp over all
+        cfg = dataclasses.replace(cfg, mesh=f"dp={jax.device_count()}")
+    cfg = dataclasses.replace(cfg, attention=resolve_attention(
+        args.attention, jax.default_backend(), cfg.precision), unroll=args.unroll)
+    cfg.validate()
+    cfg.check_platform(jax.default_backend())
+    enable_compilation_cache()
+
+    def log(msg, kind="warning"):
+        print(f"jaxscale: {kind}: {msg}", file=sys.stderr)
+
+    main = is_main()  # several processes: only process 0 prints
+    try:
+        result = train(cfg, out_dir=args.out, progress=not args.json, log=log,
+                       checkpoint=checkpoint, halt_after=args.halt_after, faults=faults,
+                       profile=args.profile)
+    except CheckpointWriteError as e:
+        _error(str(e))
+        return EXIT_FAILED
+    except TrainInterrupted as e:
+        if not main:
+            return EXIT_INTERRUPTED
+        print(f"jaxscale: interrupted after {plural(e.result.steps_run, 'step')} of "
+              f"{cfg.steps:,}; metrics so far and a partial result.json "
+              f"(\"interrupted\": true) in {args.out}/", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if not main:
+        return EXIT_FAILED if result.nonfinite_step is not None else 0
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        _print_summary(result, args.out)
+    if result.nonfinite_step is not None:
+        _error(_diverged_message(result, cfg))
+        return EXIT_FAILED
+    return 0
+
+
+def _elastic(cfg, directory):
+    """Resuming on another mesh without --micro-batches: the global batch is kept and the
+    micro-batches raised so that no micro-batch has more rows than the checkpoint's
+    (plan.elastic_micro_batches); PlanError when the new dp cannot split the batch."""
+    import dataclasses
+
+    from jaxscale.training.checkpoint.store import CheckpointDamaged, complete_steps, read_meta
+    from jaxscale.parallel.plan import Plan, elastic_micro_batches
+
+    try:
+        saved = Plan(**read_meta(directory, complete_steps(directory)[-1])["plan"])
+    except (CheckpointDamaged, KeyError, TypeError):
+        return cfg  # the restore names what is wrong with it
+    m = elastic_micro_batches(saved, cfg.plan(validate=False), cfg.batch_size)
+    if m != cfg.micro_batches:
+        print(f"jaxscale: note: {m} micro-batches per step keep the global batch of "
+              f"{cfg.batch_size} at {cfg.batch_size // (saved.dp * saved.micro_batches)} rows "
+              f"per micro-batch or fewer, as the checkpoint's plan {saved.layout()}",
+              file=sys.stderr)
+        cfg = dataclasses.replace(cfg, micro_batches=m)
+    return cfg
+
+
+def _supervise(args, checkpoint) -> int:
+    """`--max-restarts R`: this process supervises; a child process trains (supervise.py)."""
+    from jaxscale.training.checkpoint.manager import CheckpointError
+    from jaxscale.report import plural
+    from jaxscale.training.supervise import describe, supervise
+
+    if checkpoint is None or checkpoint.every is None:
+        raise CheckpointError("--max-restarts restarts from the latest checkpoint: give "
+                              "--checkpoint-dir DIR and --checkpoint-every N")
+    if args.num_processes is not None or args.coordinator is not None:
+        raise CheckpointError("--max-restarts supervises one process; it cannot be combined "
+                              "with --num-processes or --coordinator")
+    done = supervise(args.argv, checkpoint.directory, args.max_restarts, args.resume)
+    if done.restarts and not args.json:
+        print(f"jaxscale: {plural(done.restarts, 'restart')} (" + ", ".join(
+            describe(a.returncode) for a in done.attempts[:-1]) + ")", file=sys.stderr)
+    return done.returncode
+
+
+def _diverged_message(r, cfg) -> str:
+    """Where the loss stopped being a number, and what usually keeps it one."""
+    tips = [f"a lower --lr (now {cfg.lr:g}, e.g. {cfg.lr / 10:g})",
+            f"a longer --warmup (now {cfg.warmup})"]
+    if cfg.precision != "fp32":  # low precision overflows first: fp32, or fp16's loss scaling
+        tips.append("--precision fp32" if cfg.precision == "fp16"
+                    else "--precision fp32, or fp16 (dynamic loss scaling)")
+    return (f"the training loss became {r.loss_curve[-1]} at step {r.nonfinite_step:,}, so "
+            f"training stopped there; try {', or '.join(tips)}")
+
+
+def _print_summary(r, out) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from jaxscale.report import plural
+
+    table = Table(title=f"jaxscale train: {r.config['model']}", show_header=False)
+    rows = [
+        ("parameters", f"{r.param_count:,}"),
+        ("precision", f"{r.config['precision']} (loss scale at the end {r.loss_scale:g}, "
+                      f"{plural(r.skipped_steps, 'skipped step')})"),
+        ("steps", f"{r.steps_run:,} ({plural(r.tokens_seen, 'target token')})"),
+        ("final training loss", f"{r.loss_curve[-1]:.4f} nats/token"),
+        ("validation loss", f"{r.val_loss:.4f} nats/token" if math.isfinite(r.val_loss)
+         else "not measured (the loss diverged)"),
+        ("entropy floor (exact)", f"{r.entropy_floor:.4f} nats/token"),
+        ("gap to floor", f"{r.gap:.4f} nats" if math.isfinite(r.gap) else "-"),
+        ("compile (first step)", f"{r.compile_s:.2f} s"),
+        ("training wall time", f"{r.train_s:.1f} s, {r.tokens_per_s:,.0f} tokens/s"),
+    ]
+    if r.reached_gap_at_s is not None:
+        rows.append((f"reached gap <= {r.config['stop_gap']}", f"after {r.reached_gap_at_s:.1f} s"))
+    if r.resumed_from is not None:
+        rows.append(("resumed", f"from the checkpoint of step {r.resumed_from:,}"))
+    if r.halted:
+        rows.append(("halted", f"after step {r.steps_run:,} of {r.config['steps']:,} "
+                               "(--halt-after); continue with --resume"))
+    guard = [e for e in r.spike_events if e["event"] in ("spike", "nonfinite")]
+    if r.config["spike_policy"] != "none" or r.spike_events:
+        kinds = {k: sum(e["event"] == k for e in guard) for k in ("spike", "nonfinite")}
+        rows.append(("spike guard", f"{r.config['spike_policy']}: "
+                     f"{plural(kinds['spike'], 'spike')}, "
+                     f"{plural(kinds['nonfinite'], 'non-finite step')}, "
+                     f"{plural(r.rollbacks, 'rollback')} "
+                     f"({plural(r.steps_computed, 'step')} computed)"))
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
+    print(f"metrics, loss curve and result in {out}/")

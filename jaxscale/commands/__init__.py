@@ -1,6 +1,0 @@
-"""`jaxscale` subcommands other than `train`, one module each (see jaxscale.cli.COMMAND_MODULES).
-
-A module defines `register(subparsers)`: it adds its parser, whose options are checked by
-argparse types from jaxscale.cli (`_number`), and sets `run=handler` where handler(args) -> int.
-Errors are ValueError subclasses defined in jaxscale; cli.main turns them into one line, exit 2.
-"""

@@ -1,0 +1,295 @@
+"""`jaxscale compare`'s figures: derived columns, the table, the markdown (charts:
+compare_charts.py; the runs themselves: compare_runner.py).
+
+Under several processes the communication table gains "cross-proc/step": the bytes per device
+per step that leave the process, measured from the HLO's replica groups and the
+device-to-process map (`measure.ring_bytes_by_op(..., device_process=...)`), next to a
+prediction: each predicted collective's bytes x the share of its ring's hops that join two
+processes, for the axis it runs over, given the placement (`distributed.place_devices`: the
+job's devices process by process, tp innermost, then pp, then dp). One-process runs show no
+such column."""
+from __future__ import annotations
+
+import sys
+
+from jaxscale.compare.run import mesh_label
+
+
+def finish(result: dict) -> None:
+    """The columns derived from each measured row: ratios to the single device, totals."""
+    rows = [r for r in result["rows"] if r["status"] == "ok"]
+    ref = next((r for r in rows if r["name"] == "single"), None)
+    for r in rows:
+        r["step_ratio"] = (r["step_s"] / ref["step_s"] if ref is not None and r["step_s"]
+                           else None)
+        m = r["memory"]
+        r["states_measured"] = m["params"] + m["master"] + m["optimizer"]
+        r["sent_total"] = sum(r["sent"].values())
+        p = r["predicted"]
+        r["states_predicted"] = p["states"]["params"] + p["states"]["optimizer"] if p else None
+        r["sent_predicted_total"] = sum(p["sent"].values()) if p else None
+    from jaxscale.model import transformer as modellib
+    from jaxscale.compare.time_model import add_predictions
+    add_predictions(result, modellib.preset(result["model"]))
+    if not multiprocess(result):
+        return
+    procs, cfg = _device_process(result), modellib.preset(result["model"])
+    for r in rows:
+        cross = r.get("sent_cross_process")
+        if cross is None and not r["sent"]:  # no mesh (the single device): nothing to cross
+            cross = r["sent_cross_process"] = {}
+        r["cross_total"] = None if cross is None else sum(cross.values())
+        pred = None
+        if r["predicted"] and procs is not None:
+            pred = predict_cross_process(cfg, r["plan"], (result["batch_size"], cfg.seq_len),
+                                         procs, r["predicted"]["sent"])
+        r["sent_cross_process_predicted"] = pred
+        r["cross_predicted_total"] = None if pred is None else sum(pred.values())
+
+
+def multiprocess(result: dict) -> bool:
+    """Whether the run was one job of several processes (then bytes can leave a process)."""
+    return (result.get("processes") or 1) > 1 or any(
+        "sent_cross_process" in r for r in result.get("rows", []))
+
+
+def _device_process(result: dict) -> list[int] | None:
+    """The process of each device position, as compare's workers place them: the job's
+    devices sorted process by process, the same number on each (None: count unknown)."""
+    p, n = result.get("processes"), result.get("devices")
+    if not p or not n or n % p:
+        return None
+    return [i // (n // p) for i in range(n)]
+
+
+def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, float]:
+    """For each mesh axis, the share of ring hops along it (each device to the next in its
+    group, the last back to the first) that join two processes; the plan's devices are the
+    first of `device_process`, laid out (dp, pp, cp, tp) as `devices.make_mesh` does."""
+    import numpy as np
+
+    from jaxscale.runtime.devices import MESH_AXES
+    sizes = [plan.get(a, 1) for a in MESH_AXES]
+    n = int(np.prod(sizes))
+    grid = np.asarray(device_process[:n]).reshape(sizes)
+    out = {}
+    for i, axis in enumerate(MESH_AXES):
+        groups = np.moveaxis(grid, i, -1).reshape(-1, sizes[i])
+        out[axis] = (float(np.mean(groups != np.roll(groups, -1, axis=1))) if sizes[i] > 1
+                     else 0.0)
+    return out
+
+
+def predicted_by_axis(cfg, plan: dict, batch_shape: tuple[int, int],
+                      sent: dict[str, float]) -> dict[str, dict[str, float]] | None:
+    """compare.predict's bytes per collective, split by the mesh axis each runs over
+    (its "sent_by_axis"). None if predict's total is not `sent`, the prediction the row
+    recorded (predict changed since: better no prediction than a wrong one)."""
+    from jaxscale.compare.strategies import predict
+    from jaxscale.parallel.plan import Plan
+    pred = predict(cfg, Plan(**plan), batch_shape)
+    if set(pred["sent"]) != set(sent) or any(
+            abs(pred["sent"][op] - v) > 1e-6 * max(v, 1.0) for op, v in sent.items()):
+        return None
+    return pred["sent_by_axis"]
+
+
+def predict_cross_process(cfg, plan: dict, batch_shape, device_process: list[int],
+                          sent: dict[str, float]) -> dict[str, float] | None:
+    """{op: predicted bytes per device per step that cross a process boundary}: each axis's
+    predicted bytes x the share of that axis's ring hops that join two processes."""
+    by_axis = predicted_by_axis(cfg, plan, batch_shape, sent)
+    if by_axis is None:
+        return None
+    share = axis_crossing_share(plan, device_process)
+    out: dict[str, float] = {}
+    for axis, ops in by_axis.items():
+        for op, v in ops.items():
+            if v * share[axis]:
+                out[op] = out.get(op, 0.0) + v * share[axis]
+    return out
+
+
+def run_abstract(cfg, plans: dict, devices, batch_size: int) -> list[dict]:
+    """Lower and compile each plan on abstract (never allocated) state; XLA's memory."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxscale.measure import hlo as measure
+    from jaxscale.model import optim
+    from jaxscale.model import transformer as modellib
+    from jaxscale.compare.strategies import predict
+    from jaxscale.parallel.plan import build_train_step
+
+    params = nnx.to_pure_dict(nnx.state(modellib.abstract(cfg), nnx.Param))
+    rows = []
+    for i, (name, plan) in enumerate(plans.items()):
+        print(f"[{i + 1}/{len(plans)}] {name}: {mesh_label(plan.as_dict())}, compiling ...",
+              file=sys.stderr, flush=True)
+        init, step = build_train_step(cfg, plan, optim.adamw(3e-3), devices[:plan.n_devices])
+        state = jax.eval_shape(init, params)
+        sharding = step.batch_sharding
+        spec = lambda dt: jax.ShapeDtypeStruct((batch_size, cfg.seq_len), dt,  # noqa: E731
+                                               sharding=sharding)
+        batch = {"tokens": spec(jnp.int32), "targets": spec(jnp.int32),
+                 "mask": spec(jnp.float32)}
+        compiled = step.jitted.lower(state, batch).compile()
+        mem = measure.memory(compiled)
+        pred = predict(cfg, plan, (batch_size, cfg.seq_len))["states"]
+        batch_bytes = 12 * batch_size * cfg.seq_len // plan.dp
+        states = mem["arguments"] - batch_bytes
+        rows.append({"name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
+                     "memory": mem, "states_measured": states,
+                     "states_predicted": pred["params"] + pred["optimizer"],
+                     "rel_diff": states / (pred["params"] + pred["optimizer"]) - 1,
+                     "grads_predicted": pred["grads"]})
+    return rows
+
+
+def _gb(x: float) -> str:
+    return _bytes(x) + "B"  # powers of 1000: kB, MB, GB
+
+
+def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    if result.get("abstract"):
+        cols = ["strategy", "mesh", "state args (XLA)", "params+opt (formula)", "diff",
+                "temporaries (XLA)", "grads (formula)"]
+        return cols, [[r["name"], r["mesh"], _gb(r["states_measured"]), _gb(r["states_predicted"]),
+                       f"{r['rel_diff']:+.2%}", _gb(r["memory"]["temporaries"]),
+                       _gb(r["grads_predicted"])] for r in result["rows"]]
+    cross = multiprocess(result)
+    cols = ["strategy", "mesh", "max dloss", "ok", "states/dev", "pred", "temps", "sent/step",
+            "pred", *(["cross-proc/step", "pred"] if cross else []), "compile",
+            "step (quartiles)", "x 1 dev", "step pred", "meas/pred", "idle: schedule/formula"]
+    rows = []
+    for r in result["rows"]:
+        if r["status"] != "ok":
+            rows.append([r["name"], r["mesh"], "-", "FAILED", *["-"] * (len(cols) - 4)])
+            continue
+        idle = (f"{r['idle_schedule']:.3f}/{r['idle_formula']:.3f}" if "idle_schedule" in r
+                else "-")
+        opt = lambda x: "-" if x is None else _bytes(x)  # noqa: E731 - not modelled
+        step = (f"{r['step_s'] * 1e3:.1f} ms ({r['step_s_q1'] * 1e3:.1f}-"
+                f"{r['step_s_q3'] * 1e3:.1f})" if r["step_s"] else "-")
+        rows.append([r["name"], r["mesh"], f"{r['max_rel_dloss']:.1e}",
+                     "pass" if r["pass"] else "FAIL", _bytes(r["states_measured"]),
+                     opt(r["states_predicted"]), _bytes(r["memory"]["temporaries"]),
+                     _bytes(r["sent_total"]), opt(r["sent_predicted_total"]),
+                     *([opt(r.get("cross_total")), opt(r.get("cross_predicted_total"))]
+                       if cross else []),
+                     f"{r['compile_s']:.1f} s {'(cache)' if r['compile_source'] == 'cache' else ''}"
+                     .strip(), step, "-" if r["step_ratio"] is None else f"{r['step_ratio']:.2f}",
+                     "-" if not r.get("step_s_predicted") else f"{r['step_s_predicted'] * 1e3:.2g} ms",
+                     "-" if not r.get("step_measured_over_predicted")
+                     else f"{r['step_measured_over_predicted']:.3g}", idle])
+    return cols, rows
+
+
+def _bytes(x: float) -> str:
+    """Compact but exact enough to compare: 369k, 3.146M (bytes; k, M, G are powers of
+    1000, not 1024)."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.4g}{unit}"
+    return f"{x:.0f}"
+
+
+def notes(result: dict) -> list[str]:
+    """What a reader needs to read the table right: the bound and where it came from, the
+    failures and why, and what the timings share."""
+    if result.get("abstract"):
+        return []
+    n = result["noise"]
+    out = [f"loss bound {n['tolerance']:.2g} relative: {n['why']}" if n["tolerance"] is not None
+           else n["why"]]
+    out += [f"{r['name']} FAILED: {r['error']}" for r in result["rows"] if r["status"] != "ok"]
+    out.append(f"step times: median (quartiles) of the timed repeats; the {result['devices']} "
+               f"forced CPU devices share this host's {result['cores']} cores, so ratios to "
+               "one device measure overheads, not speed-ups")
+    tm = result.get("time_model") or {}
+    cal = tm.get("calibration")
+    if cal and tm.get("rows"):
+        link = (f", all-reduce {cal['bytes_per_s'] / 1e9:.3g} GB/s per device and "
+                f"{cal['latency_s'] * 1e6:.3g} us per collective"
+                if cal.get("bytes_per_s") else "")
+        rho = tm["rank_agreement"]
+        out.append(f"step pred: FLOPs / {cal['flops_per_s'] / 1e9:.3g} GFLOP/s (a {cal['matmul_n']}"
+                   f"-wide matmul, measured) + the HLO's collectives x latency + predicted "
+                   f"bytes / the measured link{link}; "
+                   f"measured / predicted median {tm['median_measured_over_predicted']:.3g} "
+                   "(dispatch and small ops, which the model does not count)"
+                   + ("" if rho is None else f"; rank agreement (Spearman) {rho:.2f} over "
+                      f"{tm['rows']} strategies"))
+    if multiprocess(result):
+        out.append(CROSS_NOTE.format(processes=result.get("processes") or "several"))
+    return out
+
+
+CROSS_NOTE = ("cross-proc/step: bytes per device per step that leave the process ({processes} "
+              "processes): ring hops between devices of two processes, from the HLO's replica "
+              "groups and the device-to-process map / predicted: each collective's predicted "
+              "bytes x the share of its axis's hops that cross, given the placement (tp "
+              "inside a process, then pp, dp across); '-': not modelled")
+
+
+def print_table(result: dict) -> None:
+    """The table, in two halves that fit a 100-column terminal (correctness and memory;
+    communication and time), then the notes."""
+    from jaxscale.report import print_table as show
+    cols, rows = table_rows(result)
+    title = (f"jaxscale compare: {result['model']} on {_where(result)}"
+             + (" (compiled only)" if result.get("abstract") else
+                f", {result['steps']} steps of {result['batch_size']} documents"))
+    if result.get("abstract"):
+        show(title, cols, rows)
+        return
+    last = len(cols) - 1  # the idle share
+    first = [0, 1, 2, 3, 4, 5, 6, last]
+    show(title + " (bytes per device)", [cols[i] for i in first],
+         [[row[i] for i in first] for row in rows])
+    halves = ([[0, 7, 8, 9, 10], [0, 11, 12, 13]] if multiprocess(result)
+              else [[0, 7, 8, 9, 10, 11]])  # with cross-proc, time gets its own table
+    titles = (["communication per device per step (measured in the HLO / predicted)", "time"]
+              if len(halves) == 2 else
+              ["communication per device per step (measured in the HLO / predicted) and time"])
+    for part, name in zip(halves, titles):
+        show(name, [cols[i] for i in part], [[row[i] for i in part] for row in rows])
+    for line in notes(result):
+        print(line, file=sys.stderr)
+
+
+def markdown(result: dict) -> str:
+    cols, rows = table_rows(result)
+    lines = [f"# jaxscale compare: {result['model']} on {_where(result)}", "",
+             "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += [""] + [f"- {line}" for line in notes(result)]
+    if not result.get("abstract"):
+        lines += ["", "Bytes sent per device per step by collective (measured / predicted):", ""]
+        for r in result["rows"]:
+            if r["status"] != "ok":
+                continue
+            pred = r["predicted"]["sent"] if r["predicted"] else None
+            lines.append(f"- {r['name']}: " + _by_op(r["sent"], pred))
+        if multiprocess(result):
+            lines += ["", "Of which cross a process boundary (measured / predicted):", ""]
+            lines += [f"- {r['name']}: " + ("not measured" if r.get("sent_cross_process") is None
+                                            else _by_op(r["sent_cross_process"],
+                                                        r.get("sent_cross_process_predicted")))
+                      for r in result["rows"] if r["status"] == "ok"]
+    return "\n".join(lines) + "\n"
+
+
+def _where(result: dict) -> str:
+    """'8 devices', or '8 devices in 2 processes'."""
+    p = result.get("processes")
+    return f"{result['devices']} devices" + (f" in {p} processes" if p and p > 1 else "")
+
+
+def _by_op(measured: dict, predicted: dict | None) -> str:
+    """'all-reduce 215,264 / 215,264, ...' (predicted None: 'not modelled'), or 'none'."""
+    ops = sorted(set(measured) | set(predicted or {}))
+    return ", ".join(f"{op} {measured.get(op, 0):,.0f} / "
+                     + (f"{predicted.get(op, 0):,.0f}" if predicted is not None
+                        else "not modelled") for op in ops) or "none"

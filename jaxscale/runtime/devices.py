@@ -1,0 +1,236 @@
+"""Devices and meshes: force N host-CPU devices, build a Mesh from "dp=2,tp=2,pp=2".
+
+On a laptop, XLA can split the host CPU into N devices; on a GPU/TPU machine the same
+mesh code runs over the real accelerators. Everything here validates its input before
+JAX compiles anything, so a typo costs a clear message, not a traceback.
+
+XLA's CPU runtime and its thread pools (jaxlib 0.10; measured, see
+benchmarks/runtime_stability.py). The CPU client runs every forced device's program on two
+thread pools whose size is read once, when the client starts, from the `PJRT_NPROC`
+environment variable, else max(cores, devices): 8 threads for 8 devices on 2 cores. A
+collective holds its thread until every participant has arrived, and a while or
+conditional thunk lets the device start its next collective while the loop body still
+runs, so one device can hold two or three threads at once. When all threads of the pool
+wait inside collectives, the devices that have not yet arrived find no thread to run on:
+the rendezvous times out and XLA aborts the process ("Termination timeout for `all reduce
+RendezvousKey{...}` ... only 3 of them arrived"). A warm compilation cache makes it
+likelier (programs start closer together). No XLA flag orders collectives, and
+`lax.optimization_barrier` is gone from the optimized CPU program, so no barrier can keep
+a device from holding several threads. The cure is enough threads: `cpu_runtime_threads(n)` per pool, set
+by `force_cpu_devices` before the backend starts (a `PJRT_NPROC` the user set wins).
+A second hazard, which more threads make likelier: JAX lowers every collective with
+channel id 1, so two collectives of one kind over the same devices that are in flight at
+once on a device share one rendezvous key and the process aborts ("Check failed: id <
+num_threads"). Programs must order such collectives by data dependencies (ZeRO-3 does:
+`parallel.zero.forward_gathered`). GPU and TPU runtimes do not share either hazard.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+# Mesh axes in device order: dp outermost, tp innermost, so the chatty tensor-parallel
+# collectives run between neighbouring devices (on a GPU node: over NVLink), and the
+# context-parallel ring (cp) next to them.
+MESH_AXES = ("dp", "pp", "cp", "tp")
+
+
+# Threads per forced device in each of the CPU runtime's pools: a device holds up to three
+# at once (a collective inside a loop body, the next one, the loop itself); one spare.
+THREADS_PER_DEVICE = 4
+# Forced CPU devices time-share the host's cores and each costs THREADS_PER_DEVICE threads in
+# each of two pools; past this many a step is seconds of scheduling (a bare 1,000-device
+# all-reduce takes 0.6 s on 2 cores) and teaches nothing a smaller mesh does not.
+MAX_CPU_DEVICES = 512
+
+
+class DeviceError(ValueError):
+    """The requested devices cannot be provided."""
+
+
+class MeshSpecError(ValueError):
+    """A mesh spec string is malformed or does not fit the devices."""
+
+
+def _backend_started() -> bool:
+    from jax._src import xla_bridge  # no public API tells whether backends exist yet
+
+    return xla_bridge.backends_are_initialized()
+
+
+def cpu_runtime_threads(n_devices: int) -> int:
+    """Threads for each of XLA CPU's two pools so that n forced devices never starve a
+    collective of a thread (see the module docstring): the cores for one device."""
+    cores = os.cpu_count() or 1
+    return cores if n_devices <= 1 else max(cores, THREADS_PER_DEVICE * n_devices)
+
+
+def _check_count(n) -> int:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise DeviceError(f"device count must be a positive integer, got {n!r}")
+    if n > MAX_CPU_DEVICES:
+        raise DeviceError(
+            f"{n} forced CPU devices is more than this host can run: at most "
+            f"{MAX_CPU_DEVICES} (each one time-shares the {os.cpu_count()} cores and needs "
+            f"{THREADS_PER_DEVICE} threads in each of XLA's two CPU thread pools); use fewer "
+            "devices, or real accelerators")
+    return int(n)
+
+
+def configure_cpu_runtime(n: int) -> None:
+    """Before the backend starts: n forced CPU devices and thread pools big enough for
+    their collectives (PJRT_NPROC, unless the user set it)."""
+    n = _check_count(n)
+    os.environ.setdefault("PJRT_NPROC", str(cpu_runtime_threads(n)))
+    jax.config.update("jax_num_cpu_devices", n)
+
+
+def force_cpu_devices(n: int) -> list[jax.Device]:
+    """Split the host CPU into `n` XLA devices and return them.
+
+    Must run before JAX starts its backend (before the first array is made). Afterwards
+    the device count is fixed: asking for a different one raises DeviceError instead of
+    being silently ignored, which is what the XLA flag would do.
+    """
+    n = _check_count(n)
+    if _backend_started():
+        have = len(jax.devices("cpu"))
+        if have != n:
+            raise DeviceError(
+                f"asked for {n} CPU devices but JAX's backend already started with {have}; "
+                "call force_cpu_devices (or pass --devices) before any JAX computation, "
+                "or start a fresh process"
+            )
+    else:
+        configure_cpu_runtime(n)
+    devices = jax.devices("cpu")
+    if len(devices) != n:  # e.g. a platform that ignores the setting
+        raise DeviceError(f"asked for {n} CPU devices, JAX provides {len(devices)}")
+    return devices
+
+
+# --platform: where a command runs. auto: the accelerators if JAX has any, else the CPU.
+PLATFORMS = ("auto", "cpu", "gpu", "tpu")
+
+
+def pick_devices(platform: str = "auto", n: int | None = None) -> list[jax.Device]:
+    """The devices a command runs on, chosen before JAX's backend starts where it can be.
+
+    cpu: n forced host-CPU devices (JAX is told to start no accelerator, so a GPU machine
+    can run the CPU path too); auto: the accelerators when there are any, else n forced
+    CPU devices; gpu / tpu: the first n of that platform's devices (all of them when n is
+    None), and a clear DeviceError when there are none or too few. n None on the CPU: the
+    devices the backend has (one unless forced)."""
+    if platform not in PLATFORMS:
+        raise DeviceError(f"unknown platform {platform!r}; choose from {', '.join(PLATFORMS)}")
+    started = _backend_started()
+    if platform == "cpu" or platform == "auto":
+        if not started:
+            if platform == "cpu":
+                jax.config.update("jax_platforms", "cpu")
+            configure_cpu_runtime(n or 1)  # used only if the CPU is all there is
+        if platform == "cpu" or jax.default_backend() == "cpu":
+            return jax.devices("cpu") if n is None else force_cpu_devices(n)
+        found = jax.devices()
+    else:
+        if not started:  # only this accelerator (and the host CPU beside it)
+            jax.config.update("jax_platforms", f"{platform},cpu")
+        try:
+            found = jax.devices(platform)
+        except RuntimeError as e:
+            from jaxscale.runtime.processes import accelerator_installed
+            reason = ("no GPU or TPU plugin for JAX is installed" if not accelerator_installed()
+                      else str(e).splitlines()[0].split(" (set JAX_PLATFORMS")[0][:160])
+            raise DeviceError(f"--platform {platform}: no {platform} devices here ({reason}); "
+                              f"choose from {', '.join(PLATFORMS)} (auto: an accelerator if "
+                              "present, else the CPU)") from None
+    if n is not None and len(found) < n:
+        raise DeviceError(f"{n} devices asked for, but only {len(found)} "
+                          f"{found[0].platform} device{'s are' if len(found) > 1 else ' is'} "
+                          "present")
+    return found if n is None else found[:n]
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Sizes of the dp, pp, tp and cp mesh axes (1 where absent)."""
+
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+    cp: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.dp * self.pp * self.tp * self.cp
+
+    def as_dict(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in MESH_AXES}
+
+    def __str__(self) -> str:
+        return ",".join(f"{a}={getattr(self, a)}" for a in MESH_AXES)
+
+
+_ITEM = re.compile(r"^\s*([A-Za-z_]\w*)\s*=\s*(\S+?)\s*$")
+
+
+def parse_mesh_spec(spec: str) -> MeshShape:
+    """Parse "dp=2,tp=2,pp=2" (any subset of dp, pp, cp, tp; missing axes have size 1)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise MeshSpecError(f"empty mesh spec {spec!r}; expected e.g. 'dp=8' or 'dp=2,tp=2,pp=2'")
+    sizes: dict[str, int] = {}
+    for item in spec.split(","):
+        m = _ITEM.match(item)
+        if not m:
+            raise MeshSpecError(
+                f"cannot read {item.strip()!r} in mesh spec {spec!r}; expected AXIS=SIZE "
+                f"with AXIS in {', '.join(MESH_AXES)}"
+            )
+        axis, raw = m.groups()
+        if axis not in MESH_AXES:
+            raise MeshSpecError(
+                f"unknown mesh axis {axis!r} in {spec!r}; valid axes: {', '.join(MESH_AXES)}"
+            )
+        if axis in sizes:
+            raise MeshSpecError(f"mesh axis {axis!r} given twice in {spec!r}")
+        if not re.fullmatch(r"[+-]?\d+", raw):
+            raise MeshSpecError(f"size of {axis!r} must be a positive integer, got {raw!r}")
+        size = int(raw)
+        if size < 1:
+            raise MeshSpecError(f"size of {axis!r} must be a positive integer, got {size}")
+        sizes[axis] = size
+    return MeshShape(**sizes)
+
+
+def make_mesh(spec: str | MeshShape, devices: list[jax.Device] | None = None) -> Mesh:
+    """A Mesh with axes (dp, pp, cp, tp) over `devices` (default: all of JAX's devices).
+
+    The product of the axis sizes must equal the number of devices. Devices of several
+    processes are placed process by process (`distributed.place_devices`: tp inside a
+    process, dp across). Axes are Auto, so shard_map accepts unsharded inputs and inserts
+    the transfers itself.
+    """
+    shape = parse_mesh_spec(spec) if isinstance(spec, str) else spec
+    devices = list(jax.devices() if devices is None else devices)
+    if shape.size != len(devices):
+        raise MeshSpecError(
+            f"mesh {shape} needs {shape.size} devices but "
+            f"{len(devices)} {'is' if len(devices) == 1 else 'are'} available; "
+            f"make the sizes multiply to {len(devices)} (or pass --devices {shape.size})"
+        )
+    from jaxscale.runtime.processes import place_devices  # several processes: tp inside each
+    grid = place_devices(devices, shape)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def describe(mesh: Mesh) -> str:
+    """One line: axis sizes and the platform, e.g. 'dp=4,pp=1,tp=2 on 8 cpu devices'."""
+    sizes = ",".join(f"{n}={s}" for n, s in mesh.shape.items())
+    platform = mesh.devices.flat[0].platform
+    return f"{sizes} on {math.prod(mesh.shape.values())} {platform} devices"

@@ -1,0 +1,92 @@
+"""Restart a training run that died, from its latest checkpoint: `train --max-restarts R`.
+
+The supervisor never starts JAX. It runs the same `jaxscale train` command line as a child
+process (with JAXSCALE_SUPERVISED=1, so the child trains instead of supervising again) and
+waits. A child that dies (a signal such as SIGKILL, an abort, any exit code but 0, 2 (bad
+input) and 130 (Ctrl-C)) is started again, at most R times, with --resume when the
+checkpoint directory holds a complete step by then, so it continues from the latest one;
+faults injected with --inject fire once per run, so the restarted run does not crash at the
+same step again (jaxscale.training.spikes.FaultLog). Ctrl-C goes to the child alone, once; nothing
+is restarted after it. Each attempt's start, end and exit code are kept for the failure
+experiment (experiments/failures.py), which measures the time a restart costs from them.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+SUPERVISED = "JAXSCALE_SUPERVISED"
+NO_RESTART = (0, 2, 130)  # finished, refused its input, interrupted: a restart would not help
+
+
+@dataclass
+class Attempt:
+    start: float  # time.time() when the child started, and when it ended
+    end: float
+    returncode: int  # the child's exit code; -N for signal N
+    resumed: bool  # started with --resume
+
+
+@dataclass
+class Supervised:
+    returncode: int
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int:
+        return len(self.attempts) - 1
+
+
+def describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def supervise(argv: list[str], checkpoint_dir: str, max_restarts: int, resume: bool = False,
+              log=None) -> Supervised:
+    """Run `python -m jaxscale ARGV` until it ends well, restarting it at most
+    `max_restarts` times (see the module docstring). `resume`: ARGV already resumes."""
+    from jaxscale.training.checkpoint.store import complete_steps
+
+    log = log or (lambda msg: print(f"jaxscale: note: {msg}", file=sys.stderr))
+    env = {**os.environ, SUPERVISED: "1"}
+    out = Supervised(0)
+    interrupted = False
+
+    def on_interrupt(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+        if child.poll() is None:
+            child.send_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        while True:
+            again = bool(out.attempts) and bool(complete_steps(checkpoint_dir))
+            args = [sys.executable, "-m", "jaxscale", *argv] + (["--resume"] if again and
+                                                                 not resume else [])
+            t0 = time.time()
+            child = subprocess.Popen(args, env=env, start_new_session=True)
+            rc = child.wait()
+            out.attempts.append(Attempt(t0, time.time(), rc, again or resume))
+            out.returncode = 130 if interrupted else rc
+            if interrupted or rc in NO_RESTART or out.restarts >= max_restarts:
+                if rc not in NO_RESTART and not interrupted:
+                    log(f"training {describe(rc)}; no restarts left (--max-restarts "
+                        f"{max_restarts})")
+                return out
+            steps = complete_steps(checkpoint_dir)
+            log(f"training {describe(rc)} after {time.time() - t0:.1f} s; restart "
+                f"{out.restarts + 1} of {max_restarts} "
+                + (f"from the checkpoint of step {steps[-1]}" if steps else
+                   "from the beginning (no checkpoint was complete)"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
