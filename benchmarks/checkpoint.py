@@ -55,7 +55,7 @@ from jaxscale.model import transformer as M  # noqa: E402
 from jaxscale.training.checkpoint.manager import (Checkpointer, CheckpointOptions, _digest,
     run_meta, flat_items, listing, versions)
 from jaxscale.training.checkpoint.store import dir_bytes  # noqa: E402
-from jaxscale.cli.main import enable_compilation_cache  # noqa: E402
+from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, lr_schedule, make_optimizer
 

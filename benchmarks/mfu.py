@@ -131,7 +131,7 @@ def cpu_benchmark(args) -> dict:
     from jaxscale import bench
     from jaxscale.runtime import devices
     from jaxscale.training.checkpoint.store import versions as jaxscale_versions
-    from jaxscale.cli.main import enable_compilation_cache
+    from jaxscale.runtime.compile_cache import enable_compilation_cache
 
     device = devices.pick_devices("cpu", 1)[0]  # one CPU device, before JAX starts
     enable_compilation_cache()

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from benchmarks.zero import prepared, round_robin  # noqa: E402
 from jaxscale import garden  # noqa: E402
 from jaxscale.model import transformer as M  # noqa: E402
-from jaxscale.cli.main import enable_compilation_cache  # noqa: E402
+from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel import schedules as sched  # noqa: E402
 from jaxscale.parallel.pipeline import IDLE, tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402

@@ -49,7 +49,7 @@ def _training(out: Path, timeout: float = 300) -> None:
 
 def _direct(victim: int, heartbeat: int, cache: Path, tmp: Path) -> dict:
     """Two processes started by hand; kill `victim`, time the survivor's exit."""
-    from jaxscale.cli.commands.launch import coordinator_port
+    from jaxscale.runtime.launcher import coordinator_port
     port, out = coordinator_port(), tmp / f"direct-{victim}-{time.monotonic_ns()}"
     procs = [subprocess.Popen(
         [sys.executable, "-m", "jaxscale", *TRAIN, "--out", str(out), "--devices", "4",

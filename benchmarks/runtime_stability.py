@@ -40,7 +40,7 @@ def worker(name: str) -> None:
     from jaxscale import garden
     from jaxscale.model import optim
     from jaxscale.model import transformer as modellib
-    from jaxscale.cli.main import enable_compilation_cache
+    from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.compare.strategies import run_strategy, strategy_plan
     from jaxscale.parallel.plan import Plan
     from jaxscale.training.train import TrainConfig, as_arrays, init_state

@@ -30,7 +30,7 @@ def run_experiment(name: str, doc: str, parts: dict, titles: dict, make_lab, arg
     bad = sorted(set(args.parts) - set(parts))
     if bad or not args.parts:
         ap.error(f"unknown part(s) {''.join(bad) or repr(args.parts)}; choose from {''.join(parts)}")
-    from jaxscale.cli.main import enable_compilation_cache
+    from jaxscale.runtime.compile_cache import enable_compilation_cache
     enable_compilation_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from jaxscale.parallel import ring as C  # noqa: E402
 from jaxscale import costmodel as cm, garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
 from jaxscale.model import transformer as M, optim  # noqa: E402
-from jaxscale.runtime.devices import make_mesh  # noqa: E402
+from jaxscale.runtime.mesh import make_mesh  # noqa: E402
 from jaxscale.model.loss import loss_fn, nll_and_count  # noqa: E402
 from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
     shard_mean_of_means)

@@ -144,7 +144,7 @@ def _residuals_per_layer(cfg, params, batch, plan) -> float:
     the shard_map so that the shapes are per device) for a tp plan (sp, remat)."""
     from jax._src.ad_checkpoint import saved_residuals
 
-    from jaxscale.runtime.devices import make_mesh
+    from jaxscale.runtime.mesh import make_mesh
     from jaxscale.model.loss import logits_nll_and_count
     from jaxscale.parallel.hybrid import param_specs
     specs = param_specs(M.logical_axes(M.abstract(cfg)), plan)

@@ -35,7 +35,7 @@ from experiments._runner import log, run_experiment  # noqa: E402
 from jaxscale import costmodel as cm, garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
 from jaxscale.model import transformer as M, optim  # noqa: E402
-from jaxscale.runtime.devices import make_mesh  # noqa: E402
+from jaxscale.runtime.mesh import make_mesh  # noqa: E402
 from jaxscale.parallel import schedules as sched  # noqa: E402
 from jaxscale.parallel.gantt import gantt_png  # noqa: E402
 from jaxscale.parallel.hybrid import param_specs  # noqa: E402

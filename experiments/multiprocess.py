@@ -49,7 +49,7 @@ WAIT_S = 180  # the supervisor's bound on the whole job
 # --- the supervisor: start two workers, wait a bounded time, leave no process behind ------
 
 def supervise(out: Path, per: int, wait_s: float) -> int:
-    from jaxscale.cli.commands.launch import child_env, coordinator_port
+    from jaxscale.runtime.launcher import child_env, coordinator_port
     out.mkdir(parents=True, exist_ok=True)
     port = coordinator_port()
     print(f"multiprocess: {N_PROCESSES} processes x {per} CPU devices, coordinator "
@@ -105,9 +105,9 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     from jaxscale import garden
     from jaxscale.measure import hlo as measure
     from jaxscale.model import transformer as M
-    from jaxscale.cli.main import enable_compilation_cache
+    from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.data.sampler import StepBatches
-    from jaxscale.runtime.devices import make_mesh
+    from jaxscale.runtime.mesh import make_mesh
     from jaxscale.model.loss import loss_fn
     from jaxscale.parallel.data_parallel import AXIS, dp_value_and_grad
     from jaxscale.parallel.zero import ZeroLayout, zero_value_and_grad

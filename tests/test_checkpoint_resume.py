@@ -50,7 +50,7 @@ CASES = {name: _config(name) for name in STRATEGIES} | {"fp16 micro-batches": FP
 RESUME = textwrap.dedent("""
     import json, sys
     from dataclasses import replace
-    from jaxscale import devices
+    from jaxscale.runtime import devices
     devices.force_cpu_devices(8)
     from jaxscale.training.checkpoint.manager import CheckpointOptions
     from jaxscale.training.train import TrainConfig, train
@@ -195,7 +195,7 @@ def test_sigkill_at_random_instants_resumes_bit_for_bit(tmp_path):
 
 FULL_DISK = textwrap.dedent("""
     import json, resource, signal, sys
-    from jaxscale import checkpoint as C
+    from jaxscale.training.checkpoint import manager as C
     from jaxscale.training.train import TrainConfig, init_state
     from jaxscale.model.transformer import preset
     from jaxscale.parallel.plan import Plan, build_train_step

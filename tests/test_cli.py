@@ -8,7 +8,8 @@ import jax
 import pytest
 
 from jaxscale.training import train as train_module
-from jaxscale.cli.main import enable_compilation_cache, main
+from jaxscale.runtime.compile_cache import enable_compilation_cache
+from jaxscale.cli.main import main
 from jaxscale.model.transformer import param_count, preset
 
 from conftest import CACHE, run_python

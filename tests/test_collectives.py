@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxscale.parallel import ring as C
 from jaxscale.measure import hlo as measure
-from jaxscale.runtime.devices import make_mesh
+from jaxscale.runtime.mesh import make_mesh
 
 
 def on_mesh(fn, k, devices, n=48, dtype=jnp.int32, seed=0):

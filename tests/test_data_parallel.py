@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 from jaxscale import costmodel, garden
 from jaxscale.measure import hlo as measure
 from jaxscale.model import transformer as M, optim
-from jaxscale.runtime.devices import make_mesh
+from jaxscale.runtime.mesh import make_mesh
 from jaxscale.model.loss import loss_fn, nll_and_count
 from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
     shard_mean_of_means)

@@ -5,8 +5,8 @@ import os
 import jax
 import pytest
 
-from jaxscale.runtime.devices import (DeviceError, MeshShape, MeshSpecError, force_cpu_devices,
-    make_mesh, parse_mesh_spec)
+from jaxscale.runtime.devices import DeviceError, force_cpu_devices
+from jaxscale.runtime.mesh import MeshShape, MeshSpecError, make_mesh, parse_mesh_spec
 
 from conftest import N_DEVICES, run_python
 

@@ -13,9 +13,10 @@ from jaxscale.runtime import processes as D
 from jaxscale import garden
 from jaxscale.measure import hlo as measure
 from jaxscale.data.sampler import Sampler, StepBatches, rows_held
-from jaxscale.runtime.devices import MeshShape, make_mesh
+from jaxscale.runtime.mesh import MeshShape, make_mesh
 
 from conftest import setup
+from jaxscale.runtime import mesh as meshlib
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,9 @@ def test_tp_stays_inside_a_process_then_pp_and_dp_spans_processes(p, k, shape, e
     devs = fake_devices(p, k)[::-1]  # any order in, placed by process
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # these all place without a warning
-        grid = D.place_devices(devs, shape)
+        grid = meshlib.place_devices(devs, shape)
     assert grid.shape == (shape.dp, shape.pp, shape.cp, shape.tp)
-    assert D.axis_locality(grid) == expect
+    assert meshlib.axis_locality(grid) == expect
     # each process's devices form a contiguous block of the flat order
     procs = [d.process_index for d in grid.flat]
     assert procs == sorted(procs)
@@ -56,14 +57,14 @@ def test_tp_stays_inside_a_process_then_pp_and_dp_spans_processes(p, k, shape, e
 
 def test_a_tp_group_wider_than_a_process_is_placed_with_a_warning():
     with pytest.warns(UserWarning, match="tp=4 does not fit inside one process"):
-        grid = D.place_devices(fake_devices(4, 2), MeshShape(dp=2, tp=4))
-    assert D.axis_locality(grid)["tp"] == "cross-process"
+        grid = meshlib.place_devices(fake_devices(4, 2), MeshShape(dp=2, tp=4))
+    assert meshlib.axis_locality(grid)["tp"] == "cross-process"
 
 
 def test_one_process_keeps_the_order_it_is_given(devices):
     mesh = make_mesh("dp=2,tp=4", devices[::-1])
     assert [d.id for d in mesh.devices.flat] == [d.id for d in devices[::-1]]
-    assert D.device_process(mesh) == [0] * 8
+    assert meshlib.device_process(mesh) == [0] * 8
 
 
 def _args(**kw):

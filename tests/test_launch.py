@@ -15,6 +15,7 @@ import pytest
 
 from jaxscale.cli import main as cli
 from jaxscale.cli.commands import launch as L
+from jaxscale.runtime import launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,7 +150,7 @@ LAUNCH = ("--processes", "2", "--devices-per-process", "4")
     (["--", "train", "--shutdown-timeout=5"], "give it to launch, before --"),
 ])
 def test_a_request_that_cannot_run_is_refused(words, message, main, capsys):
-    with pytest.raises(L.LaunchError, match=None) as e:
+    with pytest.raises(launcher.LaunchError, match=None) as e:
         L.check_request(words, 2, 4, environ={})
     assert message in str(e.value)
     assert message in usage_error(main, capsys, *LAUNCH, *words)
@@ -164,7 +165,7 @@ def test_a_request_that_fits_is_accepted():
 
 
 def test_launch_inside_launch_is_refused(main, capsys, monkeypatch):
-    with pytest.raises(L.LaunchError, match="JAXSCALE_LAUNCHED is set"):
+    with pytest.raises(launcher.LaunchError, match="JAXSCALE_LAUNCHED is set"):
         L.check_request(["train"], 2, 4, environ={"JAXSCALE_LAUNCHED": "1"})
     monkeypatch.setenv("JAXSCALE_LAUNCHED", "1")
     assert "cannot run inside a launched process" in usage_error(main, capsys, *LAUNCH,
@@ -191,16 +192,16 @@ def test_bad_launcher_options_are_one_line(argv, message, main, capsys):
 def test_a_port_in_use_is_refused_and_a_free_one_is_found(main, capsys):
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
-        with pytest.raises(L.LaunchError, match=f"--port {port} cannot be used"):
-            L.coordinator_port(port)
+        with pytest.raises(launcher.LaunchError, match=f"--port {port} cannot be used"):
+            launcher.coordinator_port(port)
         assert f"--port {port} cannot be used" in usage_error(
             main, capsys, *LAUNCH, "--port", str(port), "--", "train")
-    free = L.coordinator_port()
-    assert 1 <= free <= 65535 and L.coordinator_port(free) == free
+    free = launcher.coordinator_port()
+    assert 1 <= free <= 65535 and launcher.coordinator_port(free) == free
 
 
 def test_each_child_runs_the_cli_with_its_place_in_the_job(main, capsys, tmp_path):
-    code, started = main("launch", *LAUNCH, "--port", str(L.coordinator_port()),
+    code, started = main("launch", *LAUNCH, "--port", str(launcher.coordinator_port()),
                          "--heartbeat-timeout", "7", "--logs", str(tmp_path / "logs"),
                          "--", "train", "--steps", "3")
     assert code == 0 and len(started) == 1
@@ -217,11 +218,11 @@ def test_each_child_runs_the_cli_with_its_place_in_the_job(main, capsys, tmp_pat
 
 
 def test_the_children_environment_and_the_line_filter():
-    env = L.child_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "HOME": "/h"})
+    env = launcher.child_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "HOME": "/h"})
     assert env == {"HOME": "/h", "JAXSCALE_LAUNCHED": "1", "PYTHONUNBUFFERED": "1"}
-    assert not L.shown(b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of "
+    assert not launcher.shown(b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of "
                        b"connected peer ranks is : 1\n")
-    assert L.shown(b"step 10  loss 2.31\n") and L.shown(b"  [Gloo] quoted\n")
+    assert launcher.shown(b"step 10  loss 2.31\n") and launcher.shown(b"  [Gloo] quoted\n")
 
 
 def test_help_explains_the_command_and_its_timeouts(main, capsys):
@@ -239,7 +240,7 @@ def test_all_exit_0_streams_process_0_and_logs_every_process(bounded):
     out, err, logs = io.StringIO(), io.StringIO(), bounded / "logs"
     logs.mkdir()
     (logs / "process-5.log").write_text("from an earlier launch of 6 processes")
-    assert L.launch(fake_argvs(bounded, "ok", "parent ok", "ok"), logs, out=out, err=err) == 0
+    assert launcher.launch(fake_argvs(bounded, "ok", "parent ok", "ok"), logs, out=out, err=err) == 0
     assert out.getvalue() == "out 0\n"
     assert err.getvalue() == "err 0\n"  # gloo's line is left out of the terminal
     assert sorted(p.name for p in logs.iterdir()) == [f"process-{i}.log" for i in range(3)]
@@ -251,7 +252,7 @@ def test_all_exit_0_streams_process_0_and_logs_every_process(bounded):
 def test_a_child_that_fails_ends_the_job_at_once(bounded):
     err = io.StringIO()
     t0 = time.monotonic()
-    code = L.launch(fake_argvs(bounded, "sleep", "fail", "parent"), bounded / "logs",
+    code = launcher.launch(fake_argvs(bounded, "sleep", "fail", "parent"), bounded / "logs",
                     out=io.StringIO(), err=err)
     assert code == 3 and time.monotonic() - t0 < 10
     pid = int((bounded / "pid-1").read_text())
@@ -263,9 +264,9 @@ def test_a_child_that_fails_ends_the_job_at_once(bounded):
 
 
 def test_a_killed_child_is_named_with_its_signal(bounded, monkeypatch):
-    monkeypatch.setattr(L, "TERMINATE_GRACE_S", 0.5)  # "deaf" needs SIGKILL
+    monkeypatch.setattr(launcher, "TERMINATE_GRACE_S", 0.5)  # "deaf" needs SIGKILL
     err = io.StringIO()
-    code = L.launch(fake_argvs(bounded, "sleep", "deaf", "kill"), bounded / "logs",
+    code = launcher.launch(fake_argvs(bounded, "sleep", "deaf", "kill"), bounded / "logs",
                     out=io.StringIO(), err=err)
     assert code == 128 + signal.SIGKILL
     pid = int((bounded / "pid-2").read_text())
@@ -278,12 +279,13 @@ def test_a_killed_child_is_named_with_its_signal(bounded, monkeypatch):
 # the fake children in place of the CLI's.
 LAUNCHER = textwrap.dedent('''
     import sys
-    from jaxscale import cli
+    from jaxscale.cli import main as cli
     from jaxscale.cli.commands import launch
     fake, folder, roles = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
     launch.child_argv = lambda command, args, i, n, *rest: [
         sys.executable, "-c", fake, str(i), roles[i], str(n), folder]
-    launch.INTERRUPT_GRACE_S = 1.0
+    from jaxscale.runtime import launcher
+    launcher.INTERRUPT_GRACE_S = 1.0
     sys.exit(cli.main(["launch", "--processes", str(len(roles)), "--devices-per-process", "2",
                        "--logs", folder + "/logs", "--", "train", "--steps", "1"]))
 ''')

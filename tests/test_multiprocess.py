@@ -94,7 +94,7 @@ print(json.dumps({"touched": data.touched, "whole": np.asarray(whole).tolist(),
 
 def test_each_process_builds_only_its_rows_and_together_they_make_the_batch(tmp_path):
     from jaxscale import garden
-    from jaxscale.cli.commands.launch import coordinator_port
+    from jaxscale.runtime.launcher import coordinator_port
     from jaxscale.data.sampler import StepBatches
     port = str(coordinator_port())
     procs = [subprocess.Popen([sys.executable, "-c", ROWS, str(i), port, str(tmp_path)],

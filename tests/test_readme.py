@@ -17,6 +17,7 @@ import pytest
 
 from jaxscale.training import train as train_module
 from jaxscale.cli.main import main
+from jaxscale.runtime import processes
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CALCULATORS = {"memory", "comm", "failures", "plan", "schedule"}
@@ -126,7 +127,7 @@ def _child_of_supervisor(argv, monkeypatch) -> list[str]:
     monkeypatch.setattr(supervise, "supervise", start)
     with pytest.raises(_Stop):
         main(argv)
-    monkeypatch.setenv(supervise.SUPERVISED, "1")
+    monkeypatch.setenv(processes.SUPERVISED_ENV, "1")
     return children[0]
 
 

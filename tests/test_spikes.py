@@ -206,7 +206,7 @@ def test_a_crashed_run_restarted_by_the_supervisor_ends_bit_identical(tmp_path):
     cfg = TrainConfig(model="tiny", steps=24, eval_every=12)  # the command line's corpus
     straight = train(cfg, progress=False,
                      checkpoint=C.CheckpointOptions(str(tmp_path / "a"), every=8))
-    code = ("import sys; from jaxscale import cli; sys.exit(cli.main(sys.argv[1:]))")
+    code = ("import sys; from jaxscale.cli.main import main; sys.exit(main(sys.argv[1:]))")
     crashed = run_python(
         code, "train", "--model", "tiny", "--steps", "24", "--eval-every", "12", "--json",
         "--checkpoint-dir", str(tmp_path / "b"), "--checkpoint-every", "8",

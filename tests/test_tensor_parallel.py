@@ -7,7 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxscale.measure import hlo as measure
 from jaxscale.model import transformer as M, optim
-from jaxscale.runtime.devices import make_mesh
+from jaxscale.runtime.mesh import make_mesh
 from jaxscale.parallel.hybrid import param_specs
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 

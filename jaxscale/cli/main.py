@@ -11,7 +11,6 @@ import math
 import os
 import re
 import sys
-from pathlib import Path
 
 EXIT_USAGE = 2  # a bad option value, one line on stderr
 EXIT_FAILED = 1  # the run went wrong (e.g. the loss became NaN)
@@ -128,22 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:  # one module each (jaxscale/cli/commands/)
         importlib.import_module(f"jaxscale.cli.commands.{name}").register(sub)
     return p
-
-
-def enable_compilation_cache() -> None:
-    """Keep compiled programs on disk: in $JAXSCALE_CACHE_DIR ("off": nowhere); without it,
-    in the folder JAX is already set to use (JAX_COMPILATION_CACHE_DIR, a test suite's
-    cache), else in ~/.cache/jaxscale/xla."""
-    import jax
-
-    cache = os.environ.get("JAXSCALE_CACHE_DIR")
-    if cache is None:  # a folder someone already chose for JAX wins over our default
-        cache = (jax.config.jax_compilation_cache_dir
-                 or str(Path.home() / ".cache" / "jaxscale" / "xla"))
-    if cache and cache.lower() != "off":
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,7 +68,7 @@ def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, floa
     first of `device_process`, laid out (dp, pp, cp, tp) as `devices.make_mesh` does."""
     import numpy as np
 
-    from jaxscale.runtime.devices import MESH_AXES
+    from jaxscale.runtime.mesh import MESH_AXES
     sizes = [plan.get(a, 1) for a in MESH_AXES]
     n = int(np.prod(sizes))
     grid = np.asarray(device_process[:n]).reshape(sizes)

@@ -27,11 +27,13 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
+
+from jaxscale.runtime import devices as devlib
+from jaxscale.runtime.launcher import exit_text
 
 LEARNING_RATE = 3e-3  # AdamW, the same for every strategy
 WORKER = (sys.executable, "-m", "jaxscale.compare.run")
@@ -125,14 +127,14 @@ def _one_worker(worker, spec, rows, on_row, log, t_start, total, voice) -> int:
         raise
     reader.join(timeout=5)
     if running is None and settled < len(spec["strategies"]):
-        raise WorkerError(f"the compare worker exited ({_exit_text(rc)}) before it started "
+        raise WorkerError(f"the compare worker exited ({exit_text(rc)}) before it started "
                           f"a strategy: {_last_words(tail)}")
     if running is not None:  # the worker died inside this strategy
         plan = spec["strategies"][settled]["plan"]
         rows.append({"name": running, "status": "failed", "plan": plan,
                      "mesh": mesh_label(plan),
-                     "error": f"its process died ({_exit_text(rc)}): {_last_words(tail)}"})
-        log(f"  {running} FAILED: its process died ({_exit_text(rc)})"
+                     "error": f"its process died ({exit_text(rc)}): {_last_words(tail)}"})
+        log(f"  {running} FAILED: its process died ({exit_text(rc)})"
             + ("" if spec.get("cluster") else "; going on with the rest in a new process"))
         settled += 1
         on_row(rows)
@@ -144,15 +146,6 @@ def _forward(stream, tail) -> None:
     for line in stream:
         tail.append(line.rstrip())
         sys.stderr.write(line)
-
-
-def _exit_text(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"signal {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"signal {-rc}"
-    return f"exit code {rc}"
 
 
 def _last_words(tail) -> str:
@@ -175,7 +168,7 @@ def join_cluster(spec: dict):
     from jaxscale.runtime import processes as distributed
     from jaxscale.compare.strategies import CompareError
     platform, n = spec["platform"], spec["devices"]
-    cpu = platform == "cpu" or (platform == "auto" and not distributed.accelerator_installed())
+    cpu = platform == "cpu" or (platform == "auto" and not devlib.accelerator_installed())
     distributed.start(distributed.Cluster(**spec["cluster"]), n if cpu else None)
     found = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     if len(found) < n:
@@ -214,7 +207,7 @@ def worker() -> int:
     from jaxscale import garden
     from jaxscale.model import optim
     from jaxscale.model import transformer as modellib
-    from jaxscale.cli.main import enable_compilation_cache
+    from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.compare.strategies import predict, predictable, run_strategy
     from jaxscale.data.sampler import StepBatches
     from jaxscale.parallel.plan import Plan

@@ -25,6 +25,7 @@ from jaxscale.measure import hlo as measure
 from jaxscale.model import transformer as modellib
 from jaxscale.parallel.pipeline import tick_table
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.runtime import mesh as meshlib
 
 STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "tp", "pp", "dp+tp", "dp+pp", "3d",
               "fsdp+tp", "tp+sp", "cp", "dp+cp+tp")
@@ -265,7 +266,7 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
                                        if measure.group_size(c, plan.n_devices) > 1)}
     if jax.process_count() > 1 and step.mesh is not None:  # which bytes leave the process
         out["sent_cross_process"] = measure.ring_bytes_by_op(
-            hlo, share, device_process=distributed.device_process(step.mesh))
+            hlo, share, device_process=meshlib.device_process(step.mesh))
     if keep_params:
         out["_final_params"] = distributed.named_host_arrays(step.full_params(state))
     if table is not None:  # the idle share of the schedule the executor runs (unit ticks)

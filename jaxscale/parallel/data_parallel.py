@@ -27,10 +27,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.runtime import devices as devlib
 from jaxscale.model import precision
 from jaxscale.model.loss import nll_and_count
 from jaxscale.parallel.canonical import Canonical
+from jaxscale.runtime import mesh as meshlib
 
 AXIS = "dp"
 
@@ -132,7 +132,7 @@ def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes
                         devices=None):
     """(init, step) for a Plan with dp >= 1 (and micro-batches): see the module docstring."""
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
-    mesh = devlib.make_mesh(plan.mesh_shape, devices)
+    mesh = meshlib.make_mesh(plan.mesh_shape, devices)
     update = precision.make_step(graphdef, optimizer, pol, jit=False,
                                  grad_fn=dp_value_and_grad(graphdef, plan.micro_batches))
     compiled, guarded = shard_step(update, mesh, P())

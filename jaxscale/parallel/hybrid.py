@@ -28,7 +28,6 @@ import optax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.runtime import devices as devlib
 from jaxscale.model import transformer as modellib, precision
 from jaxscale.parallel import context
 from jaxscale.parallel.canonical import Canonical, param_infos
@@ -37,6 +36,7 @@ from jaxscale.parallel.data_parallel import (AXIS, ShardedStep, accumulated_valu
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
 from jaxscale.parallel.zero import (ZeroLayout, check_elementwise, forward_gathered,
                                     gathered_units)
+from jaxscale.runtime import mesh as meshlib
 
 RULES = {"heads": "tp", "mlp": "tp", "layers": "pp"}
 
@@ -212,7 +212,7 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
     """(init, step) for a plan with tp > 1 or pp > 1 (and any dp)."""
     check_divisible(model_cfg, plan)
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
-    mesh = devlib.make_mesh(plan.mesh_shape, devices)
+    mesh = meshlib.make_mesh(plan.mesh_shape, devices)
     specs = param_specs(axes, plan)
     tp_axis = "tp" if plan.tp > 1 else None
     v = plan.virtual

@@ -21,7 +21,7 @@ import optax
 from flax import nnx
 
 from jaxscale.model import attention, transformer as modellib, precision
-from jaxscale.runtime import devices as devlib
+from jaxscale.runtime import mesh as meshlib
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 REMAT_POLICIES = tuple(modellib.REMAT_POLICIES)
@@ -54,13 +54,13 @@ class Plan:
         return self.dp * self.tp * self.pp * self.cp
 
     @property
-    def mesh_shape(self) -> devlib.MeshShape:
-        return devlib.MeshShape(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp)
+    def mesh_shape(self) -> meshlib.MeshShape:
+        return meshlib.MeshShape(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp)
 
     @classmethod
     def from_mesh(cls, spec: str, **fields) -> "Plan":
         """A Plan whose axis sizes come from a mesh spec such as "dp=8"."""
-        shape = devlib.parse_mesh_spec(spec)
+        shape = meshlib.parse_mesh_spec(spec)
         return cls(dp=shape.dp, tp=shape.tp, pp=shape.pp, cp=shape.cp, **fields)
 
     def validate(self, global_batch: int | None = None, n_devices: int | None = None) -> "Plan":

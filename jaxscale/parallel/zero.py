@@ -40,12 +40,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.runtime import devices as devlib
 from jaxscale.model import transformer as modellib, precision
 from jaxscale.model.loss import logits_nll_and_count, nll_and_count
 from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel.data_parallel import (AXIS, ShardedStep, accumulated_value_and_grad,
     shard_step)
+from jaxscale.runtime import mesh as meshlib
 
 STACKED = "blocks"  # the parameter subtree whose leaves carry a leading layers axis
 
@@ -271,7 +271,7 @@ def check_elementwise(opt_state, target, who: str = "ZeRO") -> None:
 def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, devices=None):
     """(init, step) for plan.zero_stage in (1, 2, 3) on a dp mesh."""
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
-    mesh = devlib.make_mesh(plan.mesh_shape, devices)
+    mesh = meshlib.make_mesh(plan.mesh_shape, devices)
     layout = ZeroLayout(param_shapes, plan.dp, plan.zero_stage)
     update = precision.make_step(
         graphdef, optimizer, pol, jit=False, layout=layout,

@@ -26,19 +26,11 @@ num_threads"). Programs must order such collectives by data dependencies (ZeRO-3
 """
 from __future__ import annotations
 
-import math
 import os
-import re
-from dataclasses import dataclass
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh
 
-# Mesh axes in device order: dp outermost, tp innermost, so the chatty tensor-parallel
-# collectives run between neighbouring devices (on a GPU node: over NVLink), and the
-# context-parallel ring (cp) next to them.
-MESH_AXES = ("dp", "pp", "cp", "tp")
 
 
 # Threads per forced device in each of the CPU runtime's pools: a device holds up to three
@@ -52,10 +44,6 @@ MAX_CPU_DEVICES = 512
 
 class DeviceError(ValueError):
     """The requested devices cannot be provided."""
-
-
-class MeshSpecError(ValueError):
-    """A mesh spec string is malformed or does not fit the devices."""
 
 
 def _backend_started() -> bool:
@@ -144,7 +132,6 @@ def pick_devices(platform: str = "auto", n: int | None = None) -> list[jax.Devic
         try:
             found = jax.devices(platform)
         except RuntimeError as e:
-            from jaxscale.runtime.processes import accelerator_installed
             reason = ("no GPU or TPU plugin for JAX is installed" if not accelerator_installed()
                       else str(e).splitlines()[0].split(" (set JAX_PLATFORMS")[0][:160])
             raise DeviceError(f"--platform {platform}: no {platform} devices here ({reason}); "
@@ -157,80 +144,9 @@ def pick_devices(platform: str = "auto", n: int | None = None) -> list[jax.Devic
     return found if n is None else found[:n]
 
 
-@dataclass(frozen=True)
-class MeshShape:
-    """Sizes of the dp, pp, tp and cp mesh axes (1 where absent)."""
-
-    dp: int = 1
-    pp: int = 1
-    tp: int = 1
-    cp: int = 1
-
-    @property
-    def size(self) -> int:
-        return self.dp * self.pp * self.tp * self.cp
-
-    def as_dict(self) -> dict[str, int]:
-        return {a: getattr(self, a) for a in MESH_AXES}
-
-    def __str__(self) -> str:
-        return ",".join(f"{a}={getattr(self, a)}" for a in MESH_AXES)
-
-
-_ITEM = re.compile(r"^\s*([A-Za-z_]\w*)\s*=\s*(\S+?)\s*$")
-
-
-def parse_mesh_spec(spec: str) -> MeshShape:
-    """Parse "dp=2,tp=2,pp=2" (any subset of dp, pp, cp, tp; missing axes have size 1)."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise MeshSpecError(f"empty mesh spec {spec!r}; expected e.g. 'dp=8' or 'dp=2,tp=2,pp=2'")
-    sizes: dict[str, int] = {}
-    for item in spec.split(","):
-        m = _ITEM.match(item)
-        if not m:
-            raise MeshSpecError(
-                f"cannot read {item.strip()!r} in mesh spec {spec!r}; expected AXIS=SIZE "
-                f"with AXIS in {', '.join(MESH_AXES)}"
-            )
-        axis, raw = m.groups()
-        if axis not in MESH_AXES:
-            raise MeshSpecError(
-                f"unknown mesh axis {axis!r} in {spec!r}; valid axes: {', '.join(MESH_AXES)}"
-            )
-        if axis in sizes:
-            raise MeshSpecError(f"mesh axis {axis!r} given twice in {spec!r}")
-        if not re.fullmatch(r"[+-]?\d+", raw):
-            raise MeshSpecError(f"size of {axis!r} must be a positive integer, got {raw!r}")
-        size = int(raw)
-        if size < 1:
-            raise MeshSpecError(f"size of {axis!r} must be a positive integer, got {size}")
-        sizes[axis] = size
-    return MeshShape(**sizes)
-
-
-def make_mesh(spec: str | MeshShape, devices: list[jax.Device] | None = None) -> Mesh:
-    """A Mesh with axes (dp, pp, cp, tp) over `devices` (default: all of JAX's devices).
-
-    The product of the axis sizes must equal the number of devices. Devices of several
-    processes are placed process by process (`distributed.place_devices`: tp inside a
-    process, dp across). Axes are Auto, so shard_map accepts unsharded inputs and inserts
-    the transfers itself.
-    """
-    shape = parse_mesh_spec(spec) if isinstance(spec, str) else spec
-    devices = list(jax.devices() if devices is None else devices)
-    if shape.size != len(devices):
-        raise MeshSpecError(
-            f"mesh {shape} needs {shape.size} devices but "
-            f"{len(devices)} {'is' if len(devices) == 1 else 'are'} available; "
-            f"make the sizes multiply to {len(devices)} (or pass --devices {shape.size})"
-        )
-    from jaxscale.runtime.processes import place_devices  # several processes: tp inside each
-    grid = place_devices(devices, shape)
-    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
-
-
-def describe(mesh: Mesh) -> str:
-    """One line: axis sizes and the platform, e.g. 'dp=4,pp=1,tp=2 on 8 cpu devices'."""
-    sizes = ",".join(f"{n}={s}" for n, s in mesh.shape.items())
-    platform = mesh.devices.flat[0].platform
-    return f"{sizes} on {math.prod(mesh.shape.values())} {platform} devices"
+def accelerator_installed() -> bool:
+    """Whether a GPU or TPU plugin for JAX is installed (without starting any backend,
+    which would be too late for jax.distributed.initialize)."""
+    from importlib import metadata
+    names = {(d.metadata["Name"] or "").lower() for d in metadata.distributions()}
+    return any(n.startswith(("jax-cuda", "jax_cuda", "jax-rocm", "libtpu")) for n in names)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,28 +57,6 @@ class Cluster:
     process_id: int | None
     heartbeat_s: int = HEARTBEAT_S
     shutdown_s: int = SHUTDOWN_S
-
-
-def add_arguments(parser) -> None:
-    """The options of a command that can run as one process of many (train, compare)."""
-    from jaxscale.cli.main import _number
-    g = parser.add_argument_group(
-        "several processes (jax.distributed; `jaxscale launch` sets these for local runs)")
-    g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
-                   help="address of process 0's coordinator service; with --num-processes "
-                        "and --process-id. Without it, a cluster JAX recognises (SLURM, "
-                        f"TPU VMs, ...) is joined by itself (set {DETECT_ENV}=off to stop "
-                        "that)")
-    g.add_argument("--num-processes", type=_number(), default=None, metavar="N",
-                   help="processes in the job (one per host on a cluster)")
-    g.add_argument("--process-id", type=_number(minimum=0), default=None, metavar="I",
-                   help="this process's index, 0 to N-1; process 0 prints and writes")
-    g.add_argument("--heartbeat-timeout", type=_number(), default=HEARTBEAT_S, metavar="S",
-                   help="seconds a process waits for a silent peer before it aborts "
-                        f"(default {HEARTBEAT_S}; JAX's own is 100)")
-    g.add_argument("--shutdown-timeout", type=_number(), default=SHUTDOWN_S, metavar="S",
-                   help="seconds a finished process waits at exit for the others "
-                        f"(default {SHUTDOWN_S}; JAX's own is 300)")
 
 
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d+)$")
@@ -150,15 +127,14 @@ def start(cluster: Cluster, n_devices: int | None = None) -> None:
 
 
 LAUNCHED_ENV = "JAXSCALE_LAUNCHED"  # set by `jaxscale launch` in every process it starts
+SUPERVISED_ENV = "JAXSCALE_SUPERVISED"  # set by `train --max-restarts` in the child it runs
 
 
 def die_with_parent() -> None:
     """Under `jaxscale launch` or `train --max-restarts` (Linux): ask the kernel to SIGKILL
     this process when its parent dies, so that a launcher or supervisor killed outright
     leaves no process behind. Elsewhere, and outside them, nothing."""
-    from jaxscale.training.supervise import SUPERVISED
-
-    if (not (os.environ.get(LAUNCHED_ENV) or os.environ.get(SUPERVISED))
+    if (not (os.environ.get(LAUNCHED_ENV) or os.environ.get(SUPERVISED_ENV))
             or not os.uname().sysname == "Linux"):
         return
     import ctypes
@@ -204,14 +180,6 @@ def named_host_arrays(tree) -> dict[str, np.ndarray]:
             for path, v in flat}
 
 
-def accelerator_installed() -> bool:
-    """Whether a GPU or TPU plugin for JAX is installed (without starting any backend,
-    which would be too late for jax.distributed.initialize)."""
-    from importlib import metadata
-    names = {(d.metadata["Name"] or "").lower() for d in metadata.distributions()}
-    return any(n.startswith(("jax-cuda", "jax_cuda", "jax-rocm", "libtpu")) for n in names)
-
-
 def keep_stdout_for_python() -> None:
     """Point file descriptor 1 at stderr and give Python's stdout the original: gloo's C++
     code prints its connection chatter ("[Gloo] Rank 0 is connected ...") to fd 1, which
@@ -221,46 +189,3 @@ def keep_stdout_for_python() -> None:
     saved = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = os.fdopen(saved, "w", buffering=1)
-
-
-# --- placement -----------------------------------------------------------------------------
-
-def place_devices(devices, shape: devlib.MeshShape) -> np.ndarray:
-    """The devices as a (dp, pp, cp, tp) grid: process by process, so that tp's groups (the
-    innermost axis) stay inside a process, then cp's and pp's, and dp spans the processes.
-
-    Devices of one process keep the order given. A tp group that cannot fit inside one
-    process (tp larger than, or not dividing, the devices per process) is placed anyway,
-    in the same order, with a warning: it runs, but every tp all-reduce crosses processes.
-    """
-    devices = list(devices)
-    by_process: dict[int, list] = {}
-    for d in devices:
-        by_process.setdefault(d.process_index, []).append(d)
-    ordered = [d for p in sorted(by_process) for d in by_process[p]]
-    if len(by_process) > 1:
-        sizes = {len(v) for v in by_process.values()}
-        k = min(sizes)
-        if len(sizes) == 1 and k % shape.tp:
-            warnings.warn(
-                f"tp={shape.tp} does not fit inside one process ({k} devices each): every "
-                "tensor-parallel all-reduce crosses processes; choose tp dividing "
-                f"{k} for tp inside a process", stacklevel=2)
-    return np.asarray(ordered, dtype=object).reshape(shape.dp, shape.pp, shape.cp, shape.tp)
-
-
-def axis_locality(grid: np.ndarray, axes=devlib.MESH_AXES) -> dict[str, str]:
-    """For each mesh axis of a device grid: 'in-process' when every group along it lies
-    inside one process, else 'cross-process' (size-1 axes are 'in-process')."""
-    out = {}
-    for i, name in enumerate(axes):
-        groups = np.moveaxis(grid, i, -1).reshape(-1, grid.shape[i])
-        inside = all(len({d.process_index for d in g}) == 1 for g in groups)
-        out[name] = "in-process" if inside else "cross-process"
-    return out
-
-
-def device_process(mesh) -> list[int]:
-    """The process of each device in the mesh's flat (logical id) order: replica groups
-    in the HLO name devices by this position."""
-    return [d.process_index for d in mesh.devices.flat]

@@ -19,7 +19,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-SUPERVISED = "JAXSCALE_SUPERVISED"
+from jaxscale.runtime.processes import SUPERVISED_ENV
+from jaxscale.training.checkpoint.store import complete_steps
+
 NO_RESTART = (0, 2, 130)  # finished, refused its input, interrupted: a restart would not help
 
 
@@ -54,10 +56,9 @@ def supervise(argv: list[str], checkpoint_dir: str, max_restarts: int, resume: b
               log=None) -> Supervised:
     """Run `python -m jaxscale ARGV` until it ends well, restarting it at most
     `max_restarts` times (see the module docstring). `resume`: ARGV already resumes."""
-    from jaxscale.training.checkpoint.store import complete_steps
 
     log = log or (lambda msg: print(f"jaxscale: note: {msg}", file=sys.stderr))
-    env = {**os.environ, SUPERVISED: "1"}
+    env = {**os.environ, SUPERVISED_ENV: "1"}
     out = Supervised(0)
     interrupted = False
 

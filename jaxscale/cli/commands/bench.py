@@ -66,7 +66,7 @@ def run(args) -> int:
     from jaxscale.runtime import devices as devlib, profiling
     from jaxscale.measure import hardware
     from jaxscale.model import transformer as modellib, precision as precisionlib
-    from jaxscale.cli.main import enable_compilation_cache
+    from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.cli.runtime_options import resolve_attention
     from jaxscale.report import print_table
 

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from jaxscale.cli.main import _number
 from jaxscale.runtime.devices import PLATFORMS
+from jaxscale.runtime import devices as devlib
+from jaxscale.cli import cluster_options
 
 
 def register(subparsers) -> None:
-    from jaxscale.runtime import processes as distributed
     from jaxscale.cli import runtime_options as runtime
     from jaxscale.compare.strategies import CONTROL, NOISE_FLOOR, NOISE_MULTIPLE, STRATEGIES
     from jaxscale.model.transformer import PRESETS
@@ -78,7 +79,7 @@ def register(subparsers) -> None:
                    help="write each strategy's final whole parameters to DIR/NAME.npz (to "
                         "compare runs, e.g. one process against several)")
     runtime.add_profile_argument(p)  # one trace folder per strategy: DIR/NAME
-    distributed.add_arguments(p)
+    cluster_options.add_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -114,7 +115,7 @@ def run(args) -> int:
     from jaxscale.compare.strategies import CompareError, check_strategies
     cfg = modellib.preset(args.model)
     on_cpu = args.platform == "cpu" or (args.platform == "auto"
-                                        and not distributed.accelerator_installed())
+                                        and not devlib.accelerator_installed())
     if not args.abstract and on_cpu and args.model not in modellib.CPU_PRESETS:
         raise CompareError(f"model {args.model!r} is too big to train here; use --abstract "
                            "to compile it without running, or one of "
@@ -189,7 +190,7 @@ def _run_abstract(args, cfg, plans, out: Path) -> int:
     """Compile only, in this process (nothing runs, so nothing can crash a collective)."""
     from jaxscale.compare import report
     from jaxscale.runtime import devices as devlib
-    from jaxscale.cli.main import enable_compilation_cache
+    from jaxscale.runtime.compile_cache import enable_compilation_cache
     devices = devlib.pick_devices(args.platform, args.devices)
     enable_compilation_cache()
     rows = report.run_abstract(cfg, plans, devices, args.batch_size)

@@ -6,13 +6,14 @@ import math
 import os
 import sys
 
-from jaxscale.cli.main import (EXIT_FAILED, EXIT_INTERRUPTED, _error, _number,
-    enable_compilation_cache)
-from jaxscale.training.supervise import SUPERVISED
+from jaxscale.cli.main import EXIT_FAILED, EXIT_INTERRUPTED, _error, _number
+from jaxscale.runtime.compile_cache import enable_compilation_cache
+from jaxscale.runtime.processes import SUPERVISED_ENV
+from jaxscale.runtime import mesh as meshlib
+from jaxscale.cli import cluster_options
 
 
 def register(subparsers) -> None:
-    from jaxscale.runtime import processes as distributed
     from jaxscale.training.checkpoint.manager import CheckpointOptions
     from jaxscale.cli import runtime_options as runtime
     from jaxscale.cli.calculator_args import preset_summary
@@ -143,7 +144,7 @@ def register(subparsers) -> None:
                         "checkpoint when it dies, at most R times (needs --checkpoint-dir "
                         "and --checkpoint-every)")
     runtime.add_arguments(t)
-    distributed.add_arguments(t)
+    cluster_options.add_arguments(t)
     t.set_defaults(run=run)
 
 
@@ -184,9 +185,9 @@ def _setup_devices(args):
     from jaxscale.runtime import devices, processes as distributed
 
     cluster = distributed.from_args(args)
-    shape = devices.parse_mesh_spec(args.mesh) if args.mesh is not None else None
+    shape = meshlib.parse_mesh_spec(args.mesh) if args.mesh is not None else None
     if shape is not None and args.devices is not None and shape.size != args.devices:
-        raise devices.MeshSpecError(f"mesh {args.mesh} has {shape.size} devices but --devices "
+        raise meshlib.MeshSpecError(f"mesh {args.mesh} has {shape.size} devices but --devices "
                                     f"is {args.devices}; make them equal")
     if cluster is not None:
         distributed.start(cluster, args.devices)
@@ -200,8 +201,8 @@ def _setup_devices(args):
             raise devices.DeviceError(f"mesh {args.mesh} needs {shape.size} devices; there "
                                       f"{'is' if len(found) == 1 else 'are'} {len(found)} "
                                       f"{found[0].platform} device(s) here")
-        return devices.make_mesh(shape, found[:shape.size])
-    return devices.make_mesh(shape)  # sizes must match the (global) devices
+        return meshlib.make_mesh(shape, found[:shape.size])
+    return meshlib.make_mesh(shape)  # sizes must match the (global) devices
 
 
 def run(args) -> int:
@@ -239,7 +240,7 @@ def run(args) -> int:
         cfg = _elastic(cfg, checkpoint.directory)
     cfg.validate()
     faults = parse_faults(args.inject)
-    if args.max_restarts is not None and not os.environ.get(SUPERVISED):
+    if args.max_restarts is not None and not os.environ.get(SUPERVISED_ENV):
         return _supervise(args, checkpoint)
     if checkpoint is not None and checkpoint.resume:
         from jaxscale.training.checkpoint.manager import check_resumable
