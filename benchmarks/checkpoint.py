@@ -58,13 +58,14 @@ from jaxscale.training.checkpoint.store import dir_bytes  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, lr_schedule, make_optimizer
+from jaxscale.model import config as model_config
 
 BATCH = 8
 TARGET = 0.10
 # the largest model this benchmark saves: 25.3M parameters, a 304 MB AdamW state
-LARGE = M.ModelConfig(vocab_size=len(garden.VOCAB), seq_len=64, d_model=512, n_layers=8,
+LARGE = model_config.ModelConfig(vocab_size=len(garden.VOCAB), seq_len=64, d_model=512, n_layers=8,
                       n_heads=8, d_ff=2048)
-MODELS = {"tiny": M.preset("tiny"), "small": M.preset("small"), "large-cpu": LARGE}
+MODELS = {"tiny": model_config.preset("tiny"), "small": model_config.preset("small"), "large-cpu": LARGE}
 SAVE_PLANS = {"dp8_zero3": Plan(dp=8, zero_stage=3), "single": Plan()}
 RESTORE_PLANS = {"dp8_zero3": Plan(dp=8, zero_stage=3),
                  "dp2_tp2_pp2_m4": Plan(dp=2, tp=2, pp=2, micro_batches=4),
@@ -248,10 +249,10 @@ def main():
             mcfg = MODELS[name]
             cfg = TrainConfig(model=name, batch_size=BATCH, mesh="dp=8", zero_stage=3)
             optimizer = make_optimizer(cfg.optimizer, lr_schedule(cfg))
-            log(f"{name} ({M.param_count(mcfg):,} parameters)")
+            log(f"{name} ({model_config.param_count(mcfg):,} parameters)")
             step, state, step_s = trained_state(name, mcfg, SAVE_PLANS["dp8_zero3"],
                                                 optimizer, batches)
-            res = {"parameters": M.param_count(mcfg), "model": asdict(mcfg),
+            res = {"parameters": model_config.param_count(mcfg), "model": asdict(mcfg),
                    "train_step_s_dp8_zero3": step_s, "saves": {}}
             canonical = step.canonical.to_canonical(state)
             for pname, plan in SAVE_PLANS.items():

@@ -25,9 +25,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from jaxscale import garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
-from jaxscale.model import transformer as M, optim, precision  # noqa: E402
+from jaxscale.model import optim, precision  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.model import config as model_config
+from jaxscale.parallel import step as steplib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +38,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
-    cfg, opt, pol = M.preset("tiny"), optim.adamw(3e-3), precision.policy("fp32")
+    cfg, opt, pol = model_config.preset("tiny"), optim.adamw(3e-3), precision.policy("fp32")
     graphdef, params, _ = init_state(TrainConfig())
     batch = as_arrays(next(garden.make_corpus(0).train_batches(32)))
 
@@ -47,7 +49,7 @@ def main():
 
     mesh = step8.mesh
     rep, shard = NamedSharding(mesh, P()), NamedSharding(mesh, P("dp"))
-    gspmd = jax.jit(precision.make_step(graphdef, opt, pol, jit=False),
+    gspmd = jax.jit(steplib.make_step(graphdef, opt, pol, jit=False),
                     in_shardings=(rep, shard), out_shardings=(rep, rep))
 
     fns = {"single": lambda: step1(s1, batch),

@@ -26,12 +26,12 @@ import numpy as np  # noqa: E402
 
 from benchmarks.zero import prepared, round_robin  # noqa: E402
 from jaxscale import garden  # noqa: E402
-from jaxscale.model import transformer as M  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel import schedules as sched  # noqa: E402
 from jaxscale.parallel.pipeline import IDLE, tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.model import config as model_config
 
 PLANS = {"single": Plan(), "tp2": Plan(tp=2),
          "pp2_gpipe": Plan(pp=2, micro_batches=8, schedule="gpipe"),
@@ -46,7 +46,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="calls per timing (default 5)")
     args = ap.parse_args()
     enable_compilation_cache()
-    cfg = M.preset("tiny8")
+    cfg = model_config.preset("tiny8")
     _, params, _ = init_state(TrainConfig(model="tiny8"))
     batch = as_arrays(next(garden.make_corpus(0).train_batches(32)))
     programs = {k: prepared(cfg, params, batch, p) for k, p in PLANS.items()}

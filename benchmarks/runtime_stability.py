@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from jaxscale.model import config as model_config
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("dp+tp", "3d", "zero3", "pp", "dp+pp")
@@ -39,13 +40,12 @@ def worker(name: str) -> None:
     devices = force_cpu_devices(DEVICES)
     from jaxscale import garden
     from jaxscale.model import optim
-    from jaxscale.model import transformer as modellib
     from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.compare.strategies import run_strategy, strategy_plan
     from jaxscale.parallel.plan import Plan
     from jaxscale.training.train import TrainConfig, as_arrays, init_state
     enable_compilation_cache()
-    cfg = modellib.preset("tiny")
+    cfg = model_config.preset("tiny")
     _, params, _ = init_state(TrainConfig(model="tiny"))
     it = garden.make_corpus(0, seq_len=cfg.seq_len).train_batches(32, seed=1)
     from jaxscale.data.sampler import FixedBatches

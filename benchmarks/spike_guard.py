@@ -68,6 +68,8 @@ from jaxscale.parallel.data_parallel import shard_step  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.training.train import (TrainConfig, as_arrays, lr_schedule,
     make_optimizer)  # noqa: E402
+from jaxscale.model import config as model_config
+from jaxscale.parallel import step as steplib
 
 BATCH = 32
 TARGET = 0.02
@@ -204,7 +206,7 @@ def bench(name, mcfg, plan, optimizer, params, batch, rounds, budget_s, loop) ->
     compile_plain = time.perf_counter() - t0
     _, m = jax.block_until_ready(c_plain(state, placed))
     loss, norm = float(m["loss"]), float(m["grad_norm"])
-    guard = step.place_guard(precision.Guard.make(10 * loss, 10 * norm))
+    guard = step.place_guard(steplib.Guard.make(10 * loss, 10 * norm))
     t0 = time.perf_counter()
     c_guarded = step.guarded.lower(state, placed, guard).compile()
     compile_guarded = time.perf_counter() - t0
@@ -222,7 +224,7 @@ def bench(name, mcfg, plan, optimizer, params, batch, rounds, budget_s, loop) ->
            "guarded": lambda: c_guarded(state, placed, guard)}
     if loop:
         fns["train_plain"] = lambda: step(state, placed)
-        fns["train_guarded"] = lambda: step(state, placed, precision.Guard.make(*window.limits()))
+        fns["train_guarded"] = lambda: step(state, placed, steplib.Guard.make(*window.limits()))
         assert bool(fns["train_guarded"]()[1]["accepted"])
     for _ in range(3):  # warm-up (the jit wrappers' first calls compile from the cache)
         for f in fns.values():
@@ -232,13 +234,13 @@ def bench(name, mcfg, plan, optimizer, params, batch, rounds, budget_s, loop) ->
     wall, cpu = rotated_rounds(fns, n)
 
     limits_us = host_us(window.limits)
-    make_us = host_us(lambda: precision.Guard.make(*limits))
-    place_us = host_us(lambda: step.place_guard(precision.Guard.make(*limits)), 1000) - make_us
+    make_us = host_us(lambda: steplib.Guard.make(*limits))
+    place_us = host_us(lambda: step.place_guard(steplib.Guard.make(*limits)), 1000) - make_us
     rep = None if step.mesh is None else NamedSharding(step.mesh, P())
     one_array_us = host_us(lambda: jax.device_put(np.asarray(limits + (1.0,), np.float32),
                                                   rep), 1000)
     plain_s = statistics.median(wall["plain"])
-    row = {"plan": plan.layout(), "parameters": M.param_count(mcfg), "rounds": n,
+    row = {"plan": plan.layout(), "parameters": model_config.param_count(mcfg), "rounds": n,
            "program": compare(wall, cpu, "plain", "guarded"),
            "identical_state": identical,
            "compile_s": {"plain": compile_plain, "guarded": compile_guarded},
@@ -270,7 +272,7 @@ def bench(name, mcfg, plan, optimizer, params, batch, rounds, budget_s, loop) ->
 
 
 def update_only(mcfg, plan, optimizer, params, batch, rounds, budget_s) -> dict:
-    """The guard's device-side cost alone, in milliseconds: precision.make_step's update
+    """The guard's device-side cost alone, in milliseconds: steplib.make_step's update
     (AdamW, the guard's selects and factors, the metrics) with the forward and backward
     pass replaced by a cheap elementwise gradient, so that the guard's extra work is not
     lost in the noise of a long step. Plan() jitted as build_train_step does, dp=8 in
@@ -283,7 +285,7 @@ def update_only(mcfg, plan, optimizer, params, batch, rounds, budget_s) -> dict:
         first = jax.tree.leaves(p)[0]
         return 2.0 + 1e-3 * jnp.mean(first * first), g
 
-    update = precision.make_step(graphdef, optimizer, pol, jit=False, grad_fn=grads_only)
+    update = steplib.make_step(graphdef, optimizer, pol, jit=False, grad_fn=grads_only)
     init, step = build_train_step(mcfg, plan, optimizer)
     state = init(params)
     placed = step.place_batch(batch)
@@ -292,7 +294,7 @@ def update_only(mcfg, plan, optimizer, params, batch, rounds, budget_s) -> dict:
     else:
         plain_fn, guarded_fn = shard_step(update, step.mesh, P())
     _, m = jax.block_until_ready(plain_fn(state, placed))
-    guard = step.place_guard(precision.Guard.make(10 * float(m["loss"]),
+    guard = step.place_guard(steplib.Guard.make(10 * float(m["loss"]),
                                                   10 * float(m["grad_norm"])))
     c_plain = plain_fn.lower(state, placed).compile()
     c_guarded = guarded_fn.lower(state, placed, guard).compile()
@@ -336,9 +338,9 @@ def main():
     batch = as_arrays(next(garden.make_corpus(0).train_batches(BATCH)))
     results, updates = {}, {}
     for mname in args.models.split(","):
-        mcfg = M.preset(mname)
+        mcfg = model_config.preset(mname)
         params = nnx.to_pure_dict(nnx.split(M.build(mcfg, seed=0), nnx.Param)[1])
-        log(f"{mname} ({M.param_count(mcfg):,} parameters)")
+        log(f"{mname} ({model_config.param_count(mcfg):,} parameters)")
         for pname in args.plans.split(","):
             results[f"{mname}/{pname}"] = bench(
                 pname, mcfg, PLANS[pname], optimizer, params, batch, args.rounds,

@@ -30,6 +30,7 @@ from jaxscale.model import transformer as M, optim  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.model import config as model_config
 
 
 def prepared(cfg, params, batch, plan):
@@ -59,7 +60,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10, help="calls per timing (default 10)")
     args = ap.parse_args()
     enable_compilation_cache()
-    cfg = M.preset("tiny")
+    cfg = model_config.preset("tiny")
     _, params, _ = init_state(TrainConfig())
     batch = as_arrays(next(garden.make_corpus(0).train_batches(32)))
     result = {"device_count": 8, "batch": 32, "rounds": args.repeats, "steps": args.steps}

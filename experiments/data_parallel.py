@@ -31,7 +31,7 @@ from experiments._runner import log, run_experiment  # noqa: E402
 from jaxscale.parallel import ring as C  # noqa: E402
 from jaxscale import costmodel as cm, garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
-from jaxscale.model import transformer as M, optim  # noqa: E402
+from jaxscale.model import optim  # noqa: E402
 from jaxscale.runtime.mesh import make_mesh  # noqa: E402
 from jaxscale.model.loss import loss_fn, nll_and_count  # noqa: E402
 from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
@@ -39,6 +39,7 @@ from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_i
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.model import config as model_config
 
 BATCH, STEPS = 32, 60
 
@@ -48,12 +49,12 @@ class Lab:
         if len(jax.devices()) != N_DEVICES:
             raise SystemExit(f"needs {N_DEVICES} devices, JAX has {len(jax.devices())}: run it "
                              "as python -m experiments.data_parallel")
-        self.cfg = M.preset("tiny")
+        self.cfg = model_config.preset("tiny")
         self.graphdef, self.params0, _ = init_state(TrainConfig(seed=seed))
         self.corpus = garden.make_corpus(seed)
         it = self.corpus.train_batches(BATCH, seed=seed)
         self.batches = [as_arrays(next(it)) for _ in range(STEPS)]
-        self.n_params = M.param_count(self.cfg)
+        self.n_params = model_config.param_count(self.cfg)
         self._trained = None
 
     @property

@@ -62,6 +62,7 @@ from pathlib import Path
 from experiments._runner import log, run_experiment
 from jaxscale.costmodel import failures as F
 from jaxscale.report import print_table, pyplot, save_figure
+from jaxscale.model import config as model_config
 
 DEVICE_MTBF_H = 50_000
 SAVE_MIN = 10.0
@@ -165,7 +166,6 @@ def _measure_saves(directory: Path) -> dict:
     import jax
 
     from jaxscale import garden
-    from jaxscale.model import transformer as modellib
     from jaxscale.training.checkpoint.manager import Checkpointer, CheckpointOptions, run_meta
     from jaxscale.parallel.plan import Plan, build_train_step
     from jaxscale.training.train import TrainConfig, as_arrays, init_state
@@ -173,7 +173,7 @@ def _measure_saves(directory: Path) -> dict:
     cfg = TrainConfig(model="tiny", batch_size=8)
     plan = Plan()
     _, params, optimizer = init_state(cfg)
-    init, step = build_train_step(modellib.preset(cfg.model), plan, optimizer)
+    init, step = build_train_step(model_config.preset(cfg.model), plan, optimizer)
     batch = as_arrays(next(garden.make_corpus(cfg.seed, 64, 8).train_batches(cfg.batch_size)))
     state, _ = step(init(params), batch)  # one step: the moments are not zeros
     meta = run_meta(cfg, plan, cfg.batch_size, [], [], [], 0)

@@ -44,12 +44,13 @@ from jaxscale.model.flops import model_flops_per_token  # noqa: E402
 from jaxscale.parallel import context as C  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.report import print_table  # noqa: E402
+from jaxscale.model import config as model_config
 
 KEEP_GRADIENT = optax.chain(optax.trace(decay=0.0), optax.scale(0.0))  # state = the gradient
 
 
 def _setup(model: str, batch_size: int, steps: int):
-    cfg = M.preset(model)
+    cfg = model_config.preset(model)
     params = nnx.to_pure_dict(nnx.state(M.build(cfg), nnx.Param))
     corpus = garden.corpus_for(cfg.seq_len, n_train=max(400, 40 * batch_size), n_val=16)
     it = corpus.train_batches(batch_size, seed=0)

@@ -43,6 +43,7 @@ from jaxscale.parallel.pipeline import tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.report import print_table  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.model import config as model_config
 
 MODEL, BATCH = "tiny8", 32
 KEEP_GRADIENT = optax.chain(optax.trace(decay=0.0), optax.scale(0.0))  # state = the gradient
@@ -53,7 +54,7 @@ class Lab:
         if len(jax.devices()) != N_DEVICES:
             raise SystemExit(f"needs {N_DEVICES} devices, JAX has {len(jax.devices())}: run it "
                              "as python -m experiments.model_parallel")
-        self.cfg = M.preset(MODEL)
+        self.cfg = model_config.preset(MODEL)
         _, self.params, _ = init_state(TrainConfig(model=MODEL, seed=seed))
         it = garden.make_corpus(seed).train_batches(BATCH, seed=seed)
         self.batches = [as_arrays(next(it)) for _ in range(20)]

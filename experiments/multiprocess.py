@@ -36,6 +36,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from jaxscale.model import config as model_config
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PROCESSES = 2
@@ -104,7 +105,6 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
 
     from jaxscale import garden
     from jaxscale.measure import hlo as measure
-    from jaxscale.model import transformer as M
     from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.data.sampler import StepBatches
     from jaxscale.runtime.mesh import make_mesh
@@ -119,7 +119,7 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     t0 = time.perf_counter()
     k = len(jax.devices())  # dp over every device of both processes
     batch_size = ROWS_PER_DEVICE * k
-    cfg = M.preset("tiny")
+    cfg = model_config.preset("tiny")
     graphdef, params, _ = init_state(TrainConfig(seed=SEED))  # the same on every process
     corpus = garden.make_corpus(SEED, N_DOCS, 8, cfg.seq_len)
     mesh = make_mesh(f"dp={k}")  # process by process: process 0's devices first

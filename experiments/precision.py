@@ -31,6 +31,9 @@ from jaxscale.training import sweep
 from jaxscale.model.loss import loss_fn
 from jaxscale.report import print_table, pyplot, save_figure
 from jaxscale.training.train import TrainConfig, init_state
+from jaxscale.model import config as model_config
+from jaxscale.model import formats
+from jaxscale.parallel import step as steplib
 
 BATCH = 8  # documents per step: small, to fit the 60 s budget with 4 policies x 400 steps
 SMALL = 4096.0  # gradients as small as a 4096x larger batch would give
@@ -43,7 +46,7 @@ class Lab:
         self.batches = sweep.stack_batches(self.corpus, 400, BATCH, seed=seed)
         self.val = sweep.stack_val(self.corpus)
         self.floor = self.corpus.entropy_floor
-        self.n_params = M.param_count(M.preset("tiny"))
+        self.n_params = model_config.param_count(model_config.preset("tiny"))
 
 
 def run_policy(lab: Lab, pol: P.Policy, optimizer_for, hypers, steps: int, batch_factors=None):
@@ -52,8 +55,8 @@ def run_policy(lab: Lab, pol: P.Policy, optimizer_for, hypers, steps: int, batch
 
     def one(h, factor):
         opt = optimizer_for(h)
-        step = P.make_step(lab.graphdef, opt, pol, batch_factor=factor)
-        state, metrics = jax.lax.scan(step, P.init_state(lab.params0, opt, pol), batches)
+        step = steplib.make_step(lab.graphdef, opt, pol, batch_factor=factor)
+        state, metrics = jax.lax.scan(step, steplib.init_state(lab.params0, opt, pol), batches)
         return metrics, sweep.val_loss(lab.graphdef, state.params, lab.val)
 
     hypers = jnp.asarray(hypers, jnp.float32)
@@ -67,18 +70,18 @@ def run_policy(lab: Lab, pol: P.Policy, optimizer_for, hypers, steps: int, batch
 # ------------------------------------------------------------------------------------
 
 def part_a(lab: Lab, out: Path) -> dict:
-    table = P.format_table()
+    table = formats.format_table()
     print_table("a. number formats (from ml_dtypes.finfo)",
                 ["format", "bits", "exp", "mantissa", "max", "smallest normal",
                  "smallest subnormal", "eps", "decimal digits"], [list(r.values()) for r in table])
     ints = np.arange(0, 100_000, dtype=np.float32)
     exact = {}
     for fmt in ("bfloat16", "float16"):
-        first_bad = int(ints[np.flatnonzero(P.round_to(ints, fmt) != ints)[0]])
+        first_bad = int(ints[np.flatnonzero(formats.round_to(ints, fmt) != ints)[0]])
         exact[fmt] = {"exact_through": first_bad - 1, "first_inexact": first_bad,
-                      "first_inexact_becomes": float(P.round_to(first_bad, fmt))}
-    near_one = {"1 + 2^-8": float(P.round_to(1 + 2**-8, "bfloat16")),
-                "1 + 2^-7": float(P.round_to(1 + 2**-7, "bfloat16"))}
+                      "first_inexact_becomes": float(formats.round_to(first_bad, fmt))}
+    near_one = {"1 + 2^-8": float(formats.round_to(1 + 2**-8, "bfloat16")),
+                "1 + 2^-7": float(formats.round_to(1 + 2**-7, "bfloat16"))}
 
     def running_sum(xs, dtype):  # one addition at a time, each rounded to dtype
         return jax.lax.scan(lambda acc, x: (acc + x, None), jnp.zeros((), dtype), xs.astype(dtype))[0]
@@ -127,8 +130,8 @@ def activation_and_param_grads(graphdef, params, batch):
 
 def part_b(lab: Lab, out: Path) -> dict:
     opt, pol = optim.adam(1e-2), P.policy("fp32")
-    step = P.make_step(lab.graphdef, opt, pol)
-    state, metrics = jax.jit(lambda: jax.lax.scan(step, P.init_state(lab.params0, opt, pol),
+    step = steplib.make_step(lab.graphdef, opt, pol)
+    state, metrics = jax.jit(lambda: jax.lax.scan(step, steplib.init_state(lab.params0, opt, pol),
                                                   jax.tree.map(lambda x: x[:100], lab.batches)))()
     batch = jax.tree.map(lambda x: x[100], lab.batches)
     acts, params = activation_and_param_grads(lab.graphdef, state.params, batch)
@@ -136,7 +139,7 @@ def part_b(lab: Lab, out: Path) -> dict:
     for what, g in (("activation grads", acts), ("parameter grads", params)):
         for size, shrink in (("real batch", 1.0), ("4096x batch", SMALL)):
             for k in (0, 8, 16, 24):
-                c = P.classify(g * (2.0**k / shrink), "float16")
+                c = formats.classify(g * (2.0**k / shrink), "float16")
                 nonzero = 1 - c["zero"]
                 rows.append({"gradients": what, "magnitude": size, "loss_scale": f"2^{k}",
                              "normal": c["normal"] / nonzero,
@@ -252,10 +255,10 @@ def part_d(lab: Lab, out: Path, steps: int = 150) -> dict:
 def part_e(lab: Lab, out: Path) -> dict:
     rows = []
     for name, pol in P.POLICIES.items():
-        state = P.init_state(lab.params0, optim.adam(1e-3), pol)
+        state = steplib.init_state(lab.params0, optim.adam(1e-3), pol)
         grads = jax.eval_shape(jax.grad(lambda p: loss_fn(lab.graphdef, p, jax.tree.map(
             lambda x: x[0], lab.batches))), state.params)
-        measured = P.state_bytes_per_param(state, grads, lab.n_params)
+        measured = steplib.state_bytes_per_param(state, grads, lab.n_params)
         closed = pol.bytes_per_param()
         rows.append({"policy": name, **{k: measured[k] for k in ("params", "grads", "master",
                                                                   "optimizer")},

@@ -39,6 +39,7 @@ from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.parallel.zero import stage3_ring_bytes  # noqa: E402
 from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.model import config as model_config
 
 GB = 1e9
 BK = "['blocks']['bk']"
@@ -49,11 +50,11 @@ class Lab:
         if len(jax.devices()) != N_DEVICES:
             raise SystemExit(f"needs {N_DEVICES} devices, JAX has {len(jax.devices())}: run it "
                              "as python -m experiments.zero")
-        self.cfg = M.preset("tiny")
+        self.cfg = model_config.preset("tiny")
         self.graphdef, self.params0, _ = init_state(TrainConfig(seed=seed))
         it = garden.make_corpus(seed).train_batches(BATCH, seed=seed)
         self.batches = [as_arrays(next(it)) for _ in range(STEPS)]
-        self.n = M.param_count(self.cfg)
+        self.n = model_config.param_count(self.cfg)
         self.shapes = nnx.to_pure_dict(nnx.state(M.abstract(self.cfg), nnx.Param))
         self._compiled = {}
 

@@ -32,6 +32,7 @@ from jaxscale import garden
 from jaxscale.measure import hardware, hlo as measure
 from jaxscale.runtime import profiling
 from jaxscale.parallel.plan import Plan, build_train_step
+from jaxscale.model import config as model_config
 
 
 class BenchError(ValueError):
@@ -56,7 +57,7 @@ class BenchConfig:
                     unroll=self.unroll).validate(global_batch=self.batch_size)
 
     def validate(self) -> None:
-        modellib.preset(self.model)
+        model_config.preset(self.model)
         for name in ("batch_size", "steps"):
             if getattr(self, name) < 1:
                 raise BenchError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -95,7 +96,7 @@ class BenchResult:
         return out
 
 
-def _batch(cfg: modellib.ModelConfig, batch_size: int) -> dict:
+def _batch(cfg: model_config.ModelConfig, batch_size: int) -> dict:
     """`batch_size` garden rows of cfg.seq_len (packed from PACK_FROM on), drawn once."""
     per_row = max(1, (cfg.seq_len + 1) // 20)  # documents average 22 tokens
     docs = max(batch_size * per_row * 2, 64)
@@ -127,7 +128,7 @@ def run(cfg: BenchConfig, device=None, matmul_peak: hardware.MatmulPeak | None =
     (jaxscale.runtime.profiling.Profiler): the timed steps are traced, compile and warm-up not."""
     cfg.validate()
     device = device or jax.devices()[0]
-    mcfg = modellib.preset(cfg.model)
+    mcfg = model_config.preset(cfg.model)
     plan = cfg.plan()
     from jaxscale.training.train import make_optimizer
     optimizer = make_optimizer("adamw", 1e-4)

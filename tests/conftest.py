@@ -34,10 +34,10 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 from jaxscale import garden  # noqa: E402
-from jaxscale.model import transformer as M  # noqa: E402
 from jaxscale.runtime.devices import force_cpu_devices  # noqa: E402
 from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.model import config as model_config
 
 jax.config.update("jax_compilation_cache_dir", str(CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -77,7 +77,7 @@ def devices():
 def setup(model: str):
     _, params, _ = init_state(TrainConfig(model=model))
     batch = as_arrays(next(garden.make_corpus(0).train_batches(32, seed=3)))
-    return M.preset(model), params, batch
+    return model_config.preset(model), params, batch
 
 
 # An "optimizer" that keeps the gradient in its state and leaves the parameters alone:

@@ -5,10 +5,11 @@ import jax.numpy as jnp
 import pytest
 
 from jaxscale import bench
-from jaxscale.model import flops, transformer as M
+from jaxscale.model import flops
 from jaxscale.measure import hardware
 from jaxscale.runtime import profiling
 from jaxscale.runtime.devices import DeviceError, pick_devices
+from jaxscale.model import config as model_config
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def test_rates_and_mfu_follow_from_the_measured_step(tiny, peak):
     r, _ = tiny
     assert len(r.step_s_all) == 3 and r.step_s == sorted(r.step_s_all)[1]
     assert r.tokens_per_s == pytest.approx(8 * 64 / r.step_s)
-    count = flops.model_flops_per_token(M.preset("tiny"))
+    count = flops.model_flops_per_token(model_config.preset("tiny"))
     assert r.flops == count
     assert r.achieved_flops_per_s == pytest.approx(count.total * r.tokens_per_s)
     assert r.mfu_matmul == pytest.approx(r.achieved_flops_per_s / peak.flops_per_s)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from jaxscale.model.transformer import param_count, preset
+from jaxscale.model.config import param_count, preset
 from jaxscale.report import plural
 
 GIB = 2**30

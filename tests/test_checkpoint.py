@@ -13,9 +13,9 @@ import pytest
 
 from jaxscale.training.checkpoint import manager as C
 from jaxscale.cli import main as cli
-from jaxscale.model import transformer as M
 from jaxscale.parallel.plan import Plan, build_train_step
 from jaxscale.training.train import TrainConfig, init_state, train
+from jaxscale.model import config as model_config
 
 # tiny8: 8 layers and 8 heads, so that tp, pp, 3-D and the interleaved order all fit
 MODEL = "tiny8"
@@ -36,7 +36,7 @@ def built(plan: Plan, precision: str = "fp32"):
     cfg = TrainConfig(model=MODEL, precision=precision)
     _, params, optimizer = init_state(cfg)
     plan = replace(plan, precision=precision)
-    init, step = build_train_step(M.preset(MODEL), plan, optimizer, jax.devices()[:plan.n_devices])
+    init, step = build_train_step(model_config.preset(MODEL), plan, optimizer, jax.devices()[:plan.n_devices])
     return init, step, params
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from jaxscale.training.checkpoint import manager as C
-from jaxscale.model.transformer import preset
+from jaxscale.model.config import preset
 from jaxscale.training.train import TrainConfig, train
 
 pytestmark = pytest.mark.slow

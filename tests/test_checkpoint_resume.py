@@ -27,7 +27,7 @@ import pytest
 from conftest import CACHE, ROOT, run_python
 from jaxscale.training.checkpoint import manager as C
 from jaxscale.compare.strategies import STRATEGIES, strategy_plan
-from jaxscale.model.transformer import preset
+from jaxscale.model.config import preset
 from jaxscale.training.train import TrainConfig, train
 
 pytestmark = pytest.mark.slow

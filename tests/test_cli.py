@@ -10,7 +10,7 @@ import pytest
 from jaxscale.training import train as train_module
 from jaxscale.runtime.compile_cache import enable_compilation_cache
 from jaxscale.cli.main import main
-from jaxscale.model.transformer import param_count, preset
+from jaxscale.model.config import param_count, preset
 
 from conftest import CACHE, run_python
 

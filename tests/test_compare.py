@@ -4,13 +4,14 @@ import json
 import pytest
 
 from jaxscale.compare import strategies as C
-from jaxscale.model import transformer as M, optim
+from jaxscale.model import optim
 from jaxscale.cli.main import main
 
 from jaxscale.data.sampler import FixedBatches
 from jaxscale.parallel.plan import Plan
 
 from conftest import run_python, setup
+from jaxscale.model import config as model_config
 
 
 @pytest.mark.slow
@@ -70,7 +71,7 @@ def test_eight_device_strategies_match_their_predictions(devices, name):
 
 
 def test_strategy_plans_on_eight_devices():
-    cfg = M.preset("tiny")  # 4 heads, 2 layers
+    cfg = model_config.preset("tiny")  # 4 heads, 2 layers
     plans = C.check_strategies(list(C.STRATEGIES), 8, cfg)
     got = {k: (p.dp, p.tp, p.pp, p.zero_stage, p.cp, p.sequence_parallel)
            for k, p in plans.items()}

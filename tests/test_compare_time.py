@@ -2,16 +2,16 @@
 
 import pytest
 
-from jaxscale.model import transformer as modellib
 from jaxscale.compare import time_model as T
 from jaxscale.model.flops import model_flops_per_token, recompute_flops_per_token
+from jaxscale.model import config as model_config
 
 CAL = {"flops_per_s": 1e11, "bytes_per_s": 2e9, "latency_s": 1e-4, "matmul_n": 512,
        "devices": 8, "platform": "cpu"}
 
 
 def test_predicted_step_by_hand():
-    cfg = modellib.preset("tiny")
+    cfg = model_config.preset("tiny")
     p = T.predicted_step(cfg, {"remat": "full"}, 32, 1e6, CAL, collectives=12)
     flops = 32 * cfg.seq_len * (model_flops_per_token(cfg).total
                                 + recompute_flops_per_token(cfg, "full"))
@@ -39,7 +39,7 @@ def test_add_predictions_fills_rows_and_the_summary():
                                ("tp", 8, 0.05, 2e7), ("fp16", 8, 0.03, None))]
     rows.append({"name": "x", "status": "failed"})
     result = {"model": "tiny", "batch_size": 32, "rows": rows}
-    T.add_predictions(result, modellib.preset("tiny"))
+    T.add_predictions(result, model_config.preset("tiny"))
     assert "step_s_predicted" not in rows[3]  # bytes not modelled: no time either
     got = [r["step_s_predicted"] for r in rows[:3]]
     assert got[0] < got[1] < got[2]

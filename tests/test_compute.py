@@ -15,6 +15,7 @@ from jaxscale.model.loss import loss_fn
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
 from conftest import KEEP_GRADIENT, one_step, setup
+from jaxscale.model import config as model_config
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,15 +159,15 @@ def test_cudnn_is_refused_on_cpu_devices_before_compiling(devices):
 
 
 def test_the_model_refuses_an_unknown_kernel():
-    with pytest.raises(M.ModelConfigError, match="unknown attention kernel 'flash'"):
-        M.abstract(M.preset("tiny"), attention="flash")
+    with pytest.raises(model_config.ModelConfigError, match="unknown attention kernel 'flash'"):
+        M.abstract(model_config.preset("tiny"), attention="flash")
 
 
 def test_mid_preset_is_gpt2_medium_shaped_with_a_vocabulary_of_128():
-    cfg = M.preset("mid")
+    cfg = model_config.preset("mid")
     assert cfg.vocab_size % 128 == 0 and cfg.seq_len == 1024 and cfg.head_dim == 64
     n = M.count_params(M.abstract(cfg))
-    assert n == M.param_count(cfg) and 125e6 <= n <= 350e6
+    assert n == model_config.param_count(cfg) and 125e6 <= n <= 350e6
 
 
 def test_dot_product_attention_keeps_causality():

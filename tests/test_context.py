@@ -17,6 +17,7 @@ from jaxscale.parallel import context as C
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
 from conftest import KEEP_GRADIENT, one_step
+from jaxscale.model import config as model_config
 
 B, T, H, K = 2, 64, 2, 8
 
@@ -90,7 +91,7 @@ def test_sequence_order_and_layout_errors():
 
 @functools.lru_cache(maxsize=None)
 def _long():
-    cfg = M.preset("long")
+    cfg = model_config.preset("long")
     params = nnx.to_pure_dict(nnx.state(M.build(cfg), nnx.Param))
     corpus = garden.corpus_for(cfg.seq_len, n_train=200, n_val=16)
     batch = dict(next(corpus.train_batches(4, seed=0))._asdict())
@@ -106,7 +107,7 @@ def test_document_mask_keeps_attention_inside_documents():
     other = row.copy()
     other[0, 1:first_end - 1] = garden.WORD_ID["the"]  # rewrite the first document's words
     for mask in (True, False):
-        c = M.ModelConfig(**{**cfg.__dict__, "document_mask": mask})
+        c = model_config.ModelConfig(**{**cfg.__dict__, "document_mask": mask})
         logits = [jax.jit(lambda p, x, c=c: M.forward(p, x, seq=M.sequence(c, x)))(params, r)
                   for r in (row, other)]
         later = float(jnp.max(jnp.abs(logits[0][0, first_end:] - logits[1][0, first_end:])))
@@ -203,7 +204,7 @@ def test_bad_plans_name_the_value_and_the_choices(plan, words):
 
 
 def test_cp_that_does_not_divide_the_sequence_is_refused_before_compiling():
-    cfg = M.ModelConfig(vocab_size=40, seq_len=24, d_model=8, n_layers=1, n_heads=8, d_ff=16)
+    cfg = model_config.ModelConfig(vocab_size=40, seq_len=24, d_model=8, n_layers=1, n_heads=8, d_ff=16)
     with pytest.raises(PlanError, match=r"cp=8 .* 16 equal chunks.*seq_len=24.*1, 2, 3, 4, 6"):
         build_train_step(cfg, Plan(cp=8), optax.sgd(0.1))
     with pytest.raises(PlanError, match=r"sequence parallelism splits each device's 12 tokens"):

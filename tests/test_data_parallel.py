@@ -10,15 +10,16 @@ from jax.sharding import PartitionSpec as P
 
 from jaxscale import costmodel, garden
 from jaxscale.measure import hlo as measure
-from jaxscale.model import transformer as M, optim
+from jaxscale.model import optim
 from jaxscale.runtime.mesh import make_mesh
 from jaxscale.model.loss import loss_fn, nll_and_count
 from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
     shard_mean_of_means)
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 from jaxscale.training.train import TrainConfig, as_arrays, init_state
+from jaxscale.model import config as model_config
 
-CFG = M.preset("tiny")
+CFG = model_config.preset("tiny")
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,7 +107,7 @@ def test_accumulation_equals_one_big_batch_and_mean_of_means_does_not():
 
 def test_gradients_reduced_once_per_step_not_per_micro_batch(devices):
     graphdef, params, batches = setup()
-    n_params = M.param_count(CFG)
+    n_params = model_config.param_count(CFG)
     per = {}
     for micro in (1, 4):
         hlo = dp_grads(graphdef, 8, micro).lower(params, batches[0]).as_text(dialect="hlo")

@@ -8,14 +8,14 @@ import pytest
 
 from jaxscale.model import flops as F
 from jaxscale.measure import hardware as H
-from jaxscale.model import transformer as M
+from jaxscale.model import config as model_config
 
 
 # --- model FLOPs -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
 def test_formula_matches_the_hand_count_of_every_matmul(name):
-    cfg = M.preset(name)
+    cfg = model_config.preset(name)
     for batch, seq in [(1, cfg.seq_len), (4, cfg.seq_len), (3, 16)]:
         tokens = batch * seq
         forward = F.hand_count(cfg, batch, seq)
@@ -24,12 +24,12 @@ def test_formula_matches_the_hand_count_of_every_matmul(name):
 
 
 def test_flop_count_fields_for_tiny():
-    cfg = M.preset("tiny")  # d=32, L=2, f=128, V=101, s=64
+    cfg = model_config.preset("tiny")  # d=32, L=2, f=128, V=101, s=64
     c = F.model_flops_per_token(cfg)
     d, L, f, v, s = cfg.d_model, cfg.n_layers, cfg.d_ff, cfg.vocab_size, cfg.seq_len
     assert c.matmul_params == L * (4 * d * d + 2 * d * f) + v * d
     # N is the parameter count less embeddings' position table, biases and norms
-    assert c.matmul_params == M.param_count(cfg) - s * d - L * (9 * d + f) - 2 * d
+    assert c.matmul_params == model_config.param_count(cfg) - s * d - L * (9 * d + f) - 2 * d
     assert c.dense == 6 * c.matmul_params
     assert c.attention == 12 * L * s * d == 2 * c.attention_causal
     assert c.total == c.dense + c.attention and c.total_causal == c.dense + c.attention_causal
@@ -40,7 +40,7 @@ def test_flop_count_fields_for_tiny():
 
 
 def test_recompute_flops_per_remat_policy():
-    cfg = M.preset("small")
+    cfg = model_config.preset("small")
     c = F.model_flops_per_token(cfg)
     blocks = 6 * F.block_matmul_params(cfg) + c.attention  # training FLOPs of the blocks
     assert F.recompute_flops_per_token(cfg, "none") == 0

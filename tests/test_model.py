@@ -6,33 +6,34 @@ import pytest
 from flax import nnx
 
 from jaxscale.model import transformer as M
+from jaxscale.model import config as model_config
 
 LOGICAL = {"vocab", "embed", "position", "heads", "head_dim", "mlp", "layers"}
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return M.build(M.preset("tiny"), seed=0)
+    return M.build(model_config.preset("tiny"), seed=0)
 
 
 def test_tiny_is_about_the_lectures_size(tiny):
     n = M.count_params(tiny)
-    assert n == M.param_count(M.preset("tiny"))
+    assert n == model_config.param_count(model_config.preset("tiny"))
     assert abs(n - 28_672) / 28_672 < 0.1, n
 
 
 @pytest.mark.parametrize("name", ["small", "1b", "7b"])
 def test_param_count_closed_form_matches_abstract_model(name):
-    cfg = M.preset(name)
+    cfg = model_config.preset(name)
     model = M.abstract(cfg)  # no allocation: 7b would not fit a laptop
-    assert M.count_params(model) == M.param_count(cfg)
+    assert M.count_params(model) == model_config.param_count(cfg)
     leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
 
 
 def test_size_classes():
-    assert 1e6 <= M.param_count(M.preset("small")) <= 1e7
-    assert 0.9e9 <= M.param_count(M.preset("1b")) <= 1.5e9
+    assert 1e6 <= model_config.param_count(model_config.preset("small")) <= 1e7
+    assert 0.9e9 <= model_config.param_count(model_config.preset("1b")) <= 1.5e9
 
 
 def test_every_parameter_has_logical_axes(tiny):
@@ -50,16 +51,16 @@ def test_every_parameter_has_logical_axes(tiny):
 
 def test_causal_future_tokens_do_not_change_the_past(tiny):
     rng = np.random.default_rng(0)
-    a = rng.integers(0, M.preset("tiny").vocab_size, (2, 16))
+    a = rng.integers(0, model_config.preset("tiny").vocab_size, (2, 16))
     b = a.copy()
-    b[:, 10:] = rng.integers(0, M.preset("tiny").vocab_size, (2, 6))
+    b[:, 10:] = rng.integers(0, model_config.preset("tiny").vocab_size, (2, 6))
     la, lb = tiny(jnp.asarray(a)), tiny(jnp.asarray(b))
     np.testing.assert_array_equal(np.asarray(la[:, :10]), np.asarray(lb[:, :10]))
     assert not np.allclose(la[:, 10:], lb[:, 10:])
 
 
 def test_scan_equals_explicit_loop_over_layers(tiny):
-    cfg = M.preset("tiny")
+    cfg = model_config.preset("tiny")
     tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, cfg.vocab_size)
     p = nnx.to_pure_dict(nnx.state(tiny, nnx.Param))
     x = p["tok_embed"][tokens] + p["pos_embed"][:8]
@@ -71,9 +72,9 @@ def test_scan_equals_explicit_loop_over_layers(tiny):
 
 
 def test_bad_configs_are_refused():
-    with pytest.raises(M.ModelConfigError, match="not divisible by n_heads=3"):
-        M.ModelConfig(vocab_size=10, seq_len=8, d_model=32, n_layers=1, n_heads=3, d_ff=8)
-    with pytest.raises(M.ModelConfigError, match="n_layers must be positive, got 0"):
-        M.ModelConfig(vocab_size=10, seq_len=8, d_model=32, n_layers=0, n_heads=4, d_ff=8)
-    with pytest.raises(M.ModelConfigError, match="unknown model 'huge'.*tiny, tiny8, small"):
-        M.preset("huge")
+    with pytest.raises(model_config.ModelConfigError, match="not divisible by n_heads=3"):
+        model_config.ModelConfig(vocab_size=10, seq_len=8, d_model=32, n_layers=1, n_heads=3, d_ff=8)
+    with pytest.raises(model_config.ModelConfigError, match="n_layers must be positive, got 0"):
+        model_config.ModelConfig(vocab_size=10, seq_len=8, d_model=32, n_layers=0, n_heads=4, d_ff=8)
+    with pytest.raises(model_config.ModelConfigError, match="unknown model 'huge'.*tiny, tiny8, small"):
+        model_config.preset("huge")

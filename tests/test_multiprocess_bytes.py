@@ -5,6 +5,7 @@ import pytest
 
 from jaxscale.measure import hlo as measure
 from jaxscale.compare import report
+from jaxscale.model import config as model_config
 
 F32_256 = "f32[256]{0}"  # 1024 bytes on one device
 TWO_BY_TWO = [0, 0, 1, 1]  # 4 devices, 2 processes of 2
@@ -85,9 +86,8 @@ def test_axis_crossing_share_follows_the_placement(axes, share):
 
 
 def test_the_prediction_splits_predict_by_axis_and_adds_up():
-    from jaxscale.model import transformer as modellib
     from jaxscale.compare.strategies import STRATEGIES, predict, predictable, strategy_plan
-    cfg = modellib.preset("tiny")
+    cfg = model_config.preset("tiny")
     shape = (32, cfg.seq_len)
     for name in STRATEGIES:
         plan = strategy_plan(name, 8, cfg)
@@ -113,7 +113,7 @@ def test_the_prediction_splits_predict_by_axis_and_adds_up():
 def test_measured_crossing_bytes_match_the_prediction(devices, name):
     """The HLO of a real step, read with the 2 x 4 map, against the placement's prediction:
     the replica groups JAX writes follow the mesh as the prediction assumes."""
-    from jaxscale.model import transformer as modellib, optim
+    from jaxscale.model import optim
     from jaxscale.compare.strategies import predict, strategy_plan
     from jaxscale.parallel.plan import build_train_step
     from jaxscale.parallel.pipeline import tick_table
@@ -125,7 +125,7 @@ def test_measured_crossing_bytes_match_the_prediction(devices, name):
     share = tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).branch_share()
     measured = measure.ring_bytes_by_op(hlo, share, device_process=BY_PROCESS)
     shape = (batch["tokens"].shape[0], cfg.seq_len)
-    predicted = report.predict_cross_process(modellib.preset("tiny"), plan.as_dict(), shape,
+    predicted = report.predict_cross_process(model_config.preset("tiny"), plan.as_dict(), shape,
                                              BY_PROCESS, predict(cfg, plan, shape)["sent"])
     assert measured == pytest.approx(predicted) and measured
 
@@ -144,9 +144,8 @@ def _row(name, plan, predicted, sent, cross=None):
 
 
 def _result(processes):
-    from jaxscale.model import transformer as modellib
     from jaxscale.compare.strategies import predict, strategy_plan
-    cfg = modellib.preset("tiny")
+    cfg = model_config.preset("tiny")
     dp = strategy_plan("dp", 8, cfg)
     pred = predict(cfg, dp, (32, cfg.seq_len))
     single = _row("single", _plan(), {"states": {"params": 1, "optimizer": 2}, "sent": {}}, {})

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jaxscale import garden
 from jaxscale.model import optim
-from jaxscale.model.transformer import param_count, preset
+from jaxscale.model.config import param_count, preset
 from jaxscale.training.train import TrainConfig, as_arrays, init_state, loss_fn
 
 STEPS = 100

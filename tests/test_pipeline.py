@@ -4,12 +4,13 @@ import jax
 import pytest
 
 from jaxscale.measure import hlo as measure
-from jaxscale.model import transformer as M, optim
+from jaxscale.model import optim
 from jaxscale.parallel import schedules as sched
 from jaxscale.parallel.pipeline import BACKWARD, FORWARD, tick_table
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
 from conftest import one_step, setup
+from jaxscale.model import config as model_config
 
 CASES = [("gpipe", 2, 1), ("gpipe", 2, 8), ("gpipe", 4, 4), ("1f1b", 2, 2), ("1f1b", 4, 1),
          ("1f1b", 4, 8), ("interleaved", 2, 2), ("interleaved", 4, 4)]
@@ -103,4 +104,4 @@ def test_bad_pipeline_plans_are_refused():
     with pytest.raises(PlanError, match="multiple of the stages"):
         Plan(pp=4, micro_batches=2, schedule="interleaved", virtual=2).validate()
     with pytest.raises(PlanError, match="pp x virtual = 4 x 1 must divide the 2 layers"):
-        build_train_step(M.preset("tiny"), Plan(pp=4), optim.sgd(1.0))
+        build_train_step(model_config.preset("tiny"), Plan(pp=4), optim.sgd(1.0))

@@ -10,8 +10,10 @@ import pytest
 from jaxscale import garden
 from jaxscale.model import optim, precision as P
 from jaxscale.training import sweep
-from jaxscale.model.transformer import param_count, preset
+from jaxscale.model.config import param_count, preset
 from jaxscale.training.train import TrainConfig, init_state, make_train_step
+from jaxscale.model import formats
+from jaxscale.parallel import step as steplib
 
 
 @functools.lru_cache(maxsize=1)
@@ -22,10 +24,10 @@ def setup():
 
 
 def test_format_table_is_ml_dtypes_finfo():
-    rows = {r["format"]: r for r in P.format_table()}
+    rows = {r["format"]: r for r in formats.format_table()}
     assert list(rows) == ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
     for name, r in rows.items():
-        fi = ml_dtypes.finfo(P.FORMATS[name])
+        fi = ml_dtypes.finfo(formats.FORMATS[name])
         assert (r["max"], r["smallest_normal"], r["smallest_subnormal"], r["eps"]) == (
             float(fi.max), float(fi.smallest_normal), float(fi.smallest_subnormal), float(fi.eps))
         assert r["bits"] == 1 + r["exponent_bits"] + r["mantissa_bits"]
@@ -40,24 +42,24 @@ def test_rounding_equals_jax_astype_bit_for_bit(fmt):
     x = np.concatenate([rng.standard_normal(5000) * 10.0 ** rng.integers(-12, 6, 5000),
                         [0.0, -0.0, 1.0, 1 + 2**-8, 1 + 2**-7, 257.0, 2049.0, 65519.0, 65520.0]])
     x = x.astype(np.float32)
-    ours = P.round_to(x, fmt)
-    ref = np.asarray(jnp.asarray(x).astype(P.FORMATS[fmt]).astype(jnp.float32))
+    ours = formats.round_to(x, fmt)
+    ref = np.asarray(jnp.asarray(x).astype(formats.FORMATS[fmt]).astype(jnp.float32))
     np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
 
 
 def test_classify_into_normal_subnormal_flushed_overflow():
     x = np.array([0.0, 1.0, -3.0, 1e-6, 2e-7, 1e-9, -1e-10, 1e5, -7e4, 65504.0], np.float32)
-    c = P.classify(x, "float16")
+    c = formats.classify(x, "float16")
     assert c == {"zero": 0.1, "normal": 0.3, "subnormal": 0.2, "flushed": 0.2, "overflow": 0.2}
     # bfloat16 has float32's range: nothing here underflows or overflows
-    assert P.classify(x, "bfloat16")["normal"] == 0.9
+    assert formats.classify(x, "bfloat16")["normal"] == 0.9
 
 
 def test_exercise_5_numbers():
-    assert P.round_to(257.0, "bfloat16") == 256.0 and P.round_to(258.0, "bfloat16") == 258.0
-    assert P.round_to(2049.0, "float16") == 2048.0
-    assert P.round_to(1 + 2**-8, "bfloat16") == 1.0  # halfway: ties to even
-    assert P.round_to(1 + 2**-7, "bfloat16") == 1 + 2**-7
+    assert formats.round_to(257.0, "bfloat16") == 256.0 and formats.round_to(258.0, "bfloat16") == 258.0
+    assert formats.round_to(2049.0, "float16") == 2048.0
+    assert formats.round_to(1 + 2**-8, "bfloat16") == 1.0  # halfway: ties to even
+    assert formats.round_to(1 + 2**-7, "bfloat16") == 1 + 2**-7
 
 
 def test_bf16_weight_swallows_a_small_update_that_master_weights_keep():
@@ -72,7 +74,7 @@ def test_bf16_weight_swallows_a_small_update_that_master_weights_keep():
 def test_fp32_policy_is_bit_identical_to_the_plain_step():
     graphdef, params, batches = setup()
     opt = optim.adam(3e-3)
-    state, step = P.init_state(params, opt, P.policy("fp32")), P.make_step(graphdef, opt, P.policy("fp32"))
+    state, step = steplib.init_state(params, opt, P.policy("fp32")), steplib.make_step(graphdef, opt, P.policy("fp32"))
     plain, p, s = make_train_step(graphdef, opt), params, opt.init(params)
     for b in batches:
         state, _ = step(state, b)
@@ -85,7 +87,7 @@ def test_mixed_precision_keeps_fp32_master_and_optimizer_state():
     graphdef, params, batches = setup()
     opt = optim.adam(3e-3)
     pol = P.policy("bf16")
-    state, step = P.init_state(params, opt, pol), P.make_step(graphdef, opt, pol)
+    state, step = steplib.init_state(params, opt, pol), steplib.make_step(graphdef, opt, pol)
     for b in batches[:3]:
         state, m = step(state, b)
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.bfloat16)}
@@ -102,8 +104,8 @@ def test_dynamic_loss_scaling_skips_on_overflow_and_grows_after_n_finite_steps()
     opt = optim.adam(3e-3)
     pol = P.Policy("fp16-test", "float16", master_weights=True, loss_scale="dynamic",
                    initial_scale=2.0**10, growth_interval=3)
-    step = P.make_step(graphdef, opt, pol)
-    state = P.init_state(params, opt, pol)
+    step = steplib.make_step(graphdef, opt, pol)
+    state = steplib.init_state(params, opt, pol)
     state, _ = step(state, batches[0])  # one normal step, so the optimizer state is non-trivial
     # an overflow for real: a scale of 2^40 pushes the fp16 gradients past 65504
     blown = state._replace(loss_scale=jnp.float32(2.0**40))
@@ -126,7 +128,7 @@ def test_pure_bf16_loses_small_updates():
     graphdef, params, batches = setup()
     opt = optim.sgd(1e-3)
     pol = P.policy("bf16-pure")
-    state, step = P.init_state(params, opt, pol), P.make_step(graphdef, opt, pol)
+    state, step = steplib.init_state(params, opt, pol), steplib.make_step(graphdef, opt, pol)
     state, m = step(state, batches[0])
     assert float(m["swallowed"]) > 0.5  # most of a small SGD step vanishes in bf16 weights
 
@@ -137,15 +139,15 @@ def test_bytes_per_parameter_of_the_real_state(name, total):
     """Adam: fp32 4+4+8; mixed precision 2+2+4+4+4 = 16; pure bf16 2+2+2+2 = 8."""
     _, params, _ = setup()
     pol = P.policy(name)
-    state = P.init_state(params, optim.adam(1e-3), pol)
+    state = steplib.init_state(params, optim.adam(1e-3), pol)
     grads = jax.eval_shape(lambda p: p, state.params)  # gradients have the working params' dtype
-    measured = P.state_bytes_per_param(state, grads, param_count(preset("tiny")))
+    measured = steplib.state_bytes_per_param(state, grads, param_count(preset("tiny")))
     assert measured == pol.bytes_per_param()
     assert sum(measured.values()) == total
 
 
 def test_unknown_policy_and_format():
-    with pytest.raises(P.PrecisionError, match="unknown precision policy 'fp8'.*bf16-pure"):
+    with pytest.raises(formats.PrecisionError, match="unknown precision policy 'fp8'.*bf16-pure"):
         P.policy("fp8")
-    with pytest.raises(P.PrecisionError, match="unknown format 'int4'"):
-        P.classify([1.0], "int4")
+    with pytest.raises(formats.PrecisionError, match="unknown format 'int4'"):
+        formats.classify([1.0], "int4")

@@ -96,7 +96,7 @@ def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
     from dataclasses import replace
 
     from jaxscale.training.checkpoint.manager import Checkpointer, run_meta
-    from jaxscale.model.transformer import preset
+    from jaxscale.model.config import preset
     from jaxscale.parallel.plan import Plan, build_train_step
 
     def save(cfg, checkpoint=None, **kwargs):

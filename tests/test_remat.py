@@ -12,6 +12,7 @@ from jaxscale.model import transformer as M, optim
 from jaxscale.model.loss import loss_fn
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 from jaxscale.training.train import TrainConfig, as_arrays, init_state
+from jaxscale.model import config as model_config
 
 
 @functools.lru_cache(maxsize=1)
@@ -20,7 +21,7 @@ def setup():
     batch = as_arrays(next(garden.make_corpus(0).train_batches(128)))
     compiled = {}
     for policy in M.REMAT_POLICIES:
-        graphdef = nnx.graphdef(M.abstract(M.preset("tiny"), remat=policy))
+        graphdef = nnx.graphdef(M.abstract(model_config.preset("tiny"), remat=policy))
         grad = jax.jit(jax.grad(lambda p, b, g=graphdef: loss_fn(g, p, b)))
         compiled[policy] = grad.lower(params, batch).compile()
     return params, batch, compiled
@@ -51,7 +52,7 @@ def test_remat_in_the_plan_trains(devices):
     batch = as_arrays(next(garden.make_corpus(0).train_batches(16)))
     losses = {}
     for remat in ("none", "full"):
-        init, step = build_train_step(M.preset("tiny"), Plan(dp=8, remat=remat), optim.adam(1e-3))
+        init, step = build_train_step(model_config.preset("tiny"), Plan(dp=8, remat=remat), optim.adam(1e-3))
         _, m = step(init(params), batch)
         losses[remat] = float(m["loss"])
     assert losses["full"] == pytest.approx(losses["none"], rel=1e-6)
@@ -60,5 +61,5 @@ def test_remat_in_the_plan_trains(devices):
 def test_unknown_remat_policy():
     with pytest.raises(PlanError, match="unknown remat policy 'some'; choose from none, full"):
         Plan(remat="some").validate()
-    with pytest.raises(M.ModelConfigError, match="unknown remat policy 'some'"):
-        M.build(M.preset("tiny"), remat="some")
+    with pytest.raises(model_config.ModelConfigError, match="unknown remat policy 'some'"):
+        M.build(model_config.preset("tiny"), remat="some")

@@ -22,12 +22,13 @@ from conftest import run_python
 from jaxscale.training.checkpoint import manager as C
 from jaxscale.cli import main as cli
 from jaxscale import garden
-from jaxscale.model import transformer as M, precision
 from jaxscale.training import spikes
 from jaxscale.compare.strategies import STRATEGIES, strategy_plan
 from jaxscale.data.sampler import StepBatches
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step, elastic_micro_batches
 from jaxscale.training.train import TrainConfig, init_state, lr_schedule, train
+from jaxscale.model import config as model_config
+from jaxscale.parallel import step as steplib
 
 # the window fills by step 10; the faults come after step 20, when the loss has settled
 # enough that a bad batch stands out (at step 15 the early fall of the loss still hides one)
@@ -76,13 +77,13 @@ def test_window_limits_are_mean_plus_z_std_of_accepted_steps_after_warm_up():
 # --------------------------------------------------------------------------------------
 
 def _step(name: str):
-    plan = strategy_plan(name, 8, M.preset("tiny"))
+    plan = strategy_plan(name, 8, model_config.preset("tiny"))
     # test_checkpoint_resume's config: its plain programs are in the compilation cache
     _, params, optimizer = init_state(TrainConfig(model="tiny", steps=40, warmup=10))
-    init, step = build_train_step(M.preset("tiny"), plan, optimizer,
+    init, step = build_train_step(model_config.preset("tiny"), plan, optimizer,
                                   jax.devices()[:plan.n_devices])
-    corpus = garden.make_corpus(0, 256, 16, M.preset("tiny").seq_len)
-    batch = StepBatches(corpus.train, 32, M.preset("tiny").seq_len, 0).place(
+    corpus = garden.make_corpus(0, 256, 16, model_config.preset("tiny").seq_len)
+    batch = StepBatches(corpus.train, 32, model_config.preset("tiny").seq_len, 0).place(
         0, step.batch_sharding)
     return init(params), step, batch
 
@@ -91,7 +92,7 @@ def _step(name: str):
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_a_nan_gradient_is_skipped_with_the_state_bitwise_unchanged(name):
     state, step, batch = _step(name)
-    skipped, m = step(state, spikes.poison(batch), precision.Guard.make())
+    skipped, m = step(state, spikes.poison(batch), steplib.Guard.make())
     assert not math.isfinite(float(m["loss"])) and not math.isfinite(float(m["grad_norm"]))
     assert not bool(m["accepted"]) and int(skipped.skipped) == int(state.skipped) + 1
     assert bits_equal(skipped._replace(skipped=state.skipped), state)
@@ -99,7 +100,7 @@ def test_a_nan_gradient_is_skipped_with_the_state_bitwise_unchanged(name):
         return  # the plain programs of these four are compiled and compared below
     # a guard that accepts is the plain step, not a bit apart
     plain, _ = step(state, batch)
-    accepted, m = step(state, batch, precision.Guard.make(1e9, 1e9))
+    accepted, m = step(state, batch, steplib.Guard.make(1e9, 1e9))
     assert bool(m["accepted"]) and bits_equal(accepted, plain)
     assert not bits_equal(plain, state)  # ... and that step did move the parameters
 
@@ -108,8 +109,8 @@ def test_a_spike_above_the_limit_is_rejected_inside_the_step():
     state, step, batch = _step("single")
     _, m = step(state, batch)
     loss = float(m["loss"])
-    _, low = step(state, batch, precision.Guard.make(loss_max=loss - 1e-3))
-    _, high = step(state, batch, precision.Guard.make(loss_max=loss + 1e-3))
+    _, low = step(state, batch, steplib.Guard.make(loss_max=loss - 1e-3))
+    _, high = step(state, batch, steplib.Guard.make(loss_max=loss + 1e-3))
     assert not bool(low["accepted"]) and bool(high["accepted"])
 
 

@@ -12,6 +12,7 @@ from jaxscale.parallel.hybrid import param_specs
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 
 from conftest import one_step, setup
+from jaxscale.model import config as model_config
 
 
 @pytest.mark.parametrize("model, tp", [("tiny", 2), ("tiny", 4), ("tiny8", 8)])
@@ -86,6 +87,6 @@ def test_the_wrong_split_differs_because_gelu_is_not_additive():
 
 
 def test_tp_must_divide_heads_and_width():
-    cfg = M.preset("tiny")
+    cfg = model_config.preset("tiny")
     with pytest.raises(PlanError, match=r"tp=8 must divide the heads \(4\)"):
         build_train_step(cfg, Plan(tp=8), optim.sgd(1.0))

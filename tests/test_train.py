@@ -11,10 +11,10 @@ import pytest
 from flax import nnx
 
 from jaxscale import garden
-from jaxscale.model import transformer as M
 from jaxscale.report import Progress
 from jaxscale.training.train import (TrainConfig, as_arrays, init_state, loss_fn, make_train_step,
     train)
+from jaxscale.model import config as model_config
 
 SHORT = dict(steps=30, eval_every=15, warmup=5, n_train_docs=256, n_val_docs=64)
 
@@ -78,7 +78,7 @@ def test_same_seed_gives_bit_identical_loss_curve(tmp_path):
     assert (tmp_path / "a" / "loss_curve.png").stat().st_size > 10_000
     saved = json.loads((tmp_path / "a" / "result.json").read_text())
     assert saved["loss_curve"] == a.loss_curve
-    assert saved["param_count"] == M.param_count(M.preset("tiny"))
+    assert saved["param_count"] == model_config.param_count(model_config.preset("tiny"))
 
 
 def test_stop_gap_ends_training_early():

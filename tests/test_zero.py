@@ -14,8 +14,9 @@ from flax import nnx
 
 from jaxscale.parallel.zero import ZeroError, stage3_ring_bytes
 from jaxscale.training.train import TrainConfig, as_arrays, init_state
+from jaxscale.model import config as model_config
 
-CFG, K = M.preset("tiny"), 4
+CFG, K = model_config.preset("tiny"), 4
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,14 +72,14 @@ def test_optimizer_state_per_device_is_one_kth(devices):
     on_device_0 = lambda tree: sum(  # noqa: E731
         s.data.nbytes for x in jax.tree.leaves(tree) if x.ndim
         for s in x.addressable_shards if s.device == jax.devices()[0])
-    n = M.param_count(CFG)
+    n = model_config.param_count(CFG)
     assert on_device_0(dp.opt_state) == 8 * n  # Adam: m and v in fp32
     assert on_device_0(z.opt_state) == 8 * n // K  # 61,504 bytes for our 30,752 parameters
 
 
 @pytest.mark.slow
 def test_bytes_sent_per_step_equal_plain_dp(devices):
-    n = M.param_count(CFG)
+    n = model_config.param_count(CFG)
     sent = {}
     params, batches = setup()
     for stage in (0, 1, 2):
@@ -137,7 +138,7 @@ def test_stage_3_parameters_stored_as_one_kth():
     state, _, _ = run(3, steps=1)
     on_device_0 = sum(s.data.nbytes for x in jax.tree.leaves(state.params)
                       for s in x.addressable_shards if s.device == jax.devices()[0])
-    assert on_device_0 == 4 * M.param_count(CFG) // K
+    assert on_device_0 == 4 * model_config.param_count(CFG) // K
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])
@@ -154,7 +155,7 @@ def test_stage_3_bytes_sent_tensor_by_tensor(devices, remat):
     shapes = nnx.to_pure_dict(nnx.state(M.abstract(CFG), nnx.Param))
     predicted = stage3_ring_bytes(shapes, K, 4)
     assert measure.ring_bytes_sent(hlo, K) == predicted["total"]
-    assert predicted["dp"] == costmodel.ring_all_reduce_bytes(4 * M.param_count(CFG), K)
+    assert predicted["dp"] == costmodel.ring_all_reduce_bytes(4 * model_config.param_count(CFG), K)
     assert 1.5 < predicted["total"] / predicted["dp"] < 1.6
 
 

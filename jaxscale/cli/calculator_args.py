@@ -45,7 +45,7 @@ def size_arg(minimum: int = 1):
 def preset_summary(name: str) -> str:
     """Which model a preset is: '7b (32 layers, d_model 4096, 32 heads, d_ff 16384, vocab
     32000, seq 4096; 6.59B parameters)', so that its count is not mistaken for another 7B."""
-    from jaxscale.model.transformer import PRESETS, param_count
+    from jaxscale.model.config import PRESETS, param_count
 
     c, n = PRESETS[name], param_count(PRESETS[name])
     count = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n:,}"
@@ -55,7 +55,7 @@ def preset_summary(name: str) -> str:
 
 def add_shape_options(p, batch_help: str, seq_default: int, batch_default: int) -> None:
     """--model, --layers, --hidden, --heads, --ffn, --vocab, --seq, --batch."""
-    from jaxscale.model.transformer import PRESETS  # already imported by jaxscale.cli.build_parser
+    from jaxscale.model.config import PRESETS  # already imported by jaxscale.cli.build_parser
 
     p.add_argument("--model", choices=list(PRESETS), metavar="PRESET",
                    help=f"take the shape (and parameter count) from a jaxscale.model.transformer preset: "
@@ -86,7 +86,7 @@ def model_shape(args, seq_default: int, require: tuple[str, ...] = ("layers", "h
     """
     shape: dict = {}
     if args.model:
-        from jaxscale.model.transformer import PRESETS, param_count
+        from jaxscale.model.config import PRESETS, param_count
         cfg = PRESETS[args.model]
         shape = {"layers": cfg.n_layers, "hidden": cfg.d_model, "heads": cfg.n_heads,
                  "ffn": cfg.d_ff, "vocab": cfg.vocab_size, "seq": cfg.seq_len,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from jaxscale.compare.run import mesh_label
+from jaxscale.model import config as model_config
 
 
 def finish(result: dict) -> None:
@@ -28,12 +29,11 @@ def finish(result: dict) -> None:
         p = r["predicted"]
         r["states_predicted"] = p["states"]["params"] + p["states"]["optimizer"] if p else None
         r["sent_predicted_total"] = sum(p["sent"].values()) if p else None
-    from jaxscale.model import transformer as modellib
     from jaxscale.compare.time_model import add_predictions
-    add_predictions(result, modellib.preset(result["model"]))
+    add_predictions(result, model_config.preset(result["model"]))
     if not multiprocess(result):
         return
-    procs, cfg = _device_process(result), modellib.preset(result["model"])
+    procs, cfg = _device_process(result), model_config.preset(result["model"])
     for r in rows:
         cross = r.get("sent_cross_process")
         if cross is None and not r["sent"]:  # no mesh (the single device): nothing to cross

@@ -34,6 +34,7 @@ import time
 
 from jaxscale.runtime import devices as devlib
 from jaxscale.runtime.launcher import exit_text
+from jaxscale.model import config as model_config
 
 LEARNING_RATE = 3e-3  # AdamW, the same for every strategy
 WORKER = (sys.executable, "-m", "jaxscale.compare.run")
@@ -195,8 +196,7 @@ def worker() -> int:
         # `compare` refused a GPU-sized model on CPU before JAX started, by whether an
         # accelerator plugin is installed; a plugin with no device behind it leaves auto on
         # the CPU, which only the devices found here can tell
-        from jaxscale.model import transformer as modellib
-        modellib.check_platform(spec["model"], devices[0].platform)
+        model_config.check_platform(spec["model"], devices[0].platform)
     except (CompareError, ValueError) as e:
         emit(event="error", message=str(e))
         return 2
@@ -206,14 +206,13 @@ def worker() -> int:
         emit(event="joined", process=me, processes=jax.process_count())
     from jaxscale import garden
     from jaxscale.model import optim
-    from jaxscale.model import transformer as modellib
     from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.compare.strategies import predict, predictable, run_strategy
     from jaxscale.data.sampler import StepBatches
     from jaxscale.parallel.plan import Plan
     from jaxscale.training.train import TrainConfig, init_state
     enable_compilation_cache()
-    cfg = modellib.preset(spec["model"])
+    cfg = model_config.preset(spec["model"])
     _, params, _ = init_state(TrainConfig(model=spec["model"]))
     corpus = garden.make_corpus(0, seq_len=cfg.seq_len)
     batches = StepBatches(corpus.train, spec["batch_size"], cfg.seq_len, seed=1,

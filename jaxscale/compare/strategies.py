@@ -26,6 +26,7 @@ from jaxscale.model import transformer as modellib
 from jaxscale.parallel.pipeline import tick_table
 from jaxscale.parallel.plan import Plan, PlanError, build_train_step
 from jaxscale.runtime import mesh as meshlib
+from jaxscale.model import config as model_config
 
 STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "tp", "pp", "dp+tp", "dp+pp", "3d",
               "fsdp+tp", "tp+sp", "cp", "dp+cp+tp")
@@ -52,7 +53,7 @@ def _need_split(k: int, axis: str, n: int, cfg) -> int:
     return k
 
 
-def strategy_plan(name: str, n: int, cfg: modellib.ModelConfig) -> Plan:
+def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
     """The Plan a strategy name stands for on n devices (see STRATEGIES)."""
     tp_ok = lambda k: cfg.n_heads % k == 0 and cfg.d_ff % k == 0  # noqa: E731
     pp_ok = lambda k: cfg.n_layers % k == 0  # noqa: E731
@@ -110,7 +111,7 @@ def strategy_plan(name: str, n: int, cfg: modellib.ModelConfig) -> Plan:
     return Plan(dp=n // 4, tp=2, pp=2, micro_batches=m, zero_stage=1)
 
 
-def params_per_device(cfg: modellib.ModelConfig, plan: Plan) -> dict[str, float]:
+def params_per_device(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:
     """Closed form: parameters one device holds before ZeRO (tp splits the heads and the
     MLP width, pp the layers; embeddings, LayerNorms and output biases are replicated)."""
     d, f, L = cfg.d_model, cfg.d_ff, cfg.n_layers
@@ -130,7 +131,7 @@ def predictable(plan: Plan) -> bool:
             and not (plan.zero_stage == 3 and plan.micro_batches > 1 and plan.pp == 1))
 
 
-def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int]) -> dict:
+def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, int]) -> dict:
     """Predicted per-device model-state bytes and ring bytes sent per step (fp32, Adam);
     "sent_by_axis" splits the bytes by the mesh axis each collective runs over.
 
@@ -202,7 +203,7 @@ def predict(cfg: modellib.ModelConfig, plan: Plan, batch_shape: tuple[int, int])
             "sent_by_axis": by_axis}
 
 
-def stage3_census(cfg: modellib.ModelConfig, plan: Plan) -> dict[str, float]:
+def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:
     """ZeRO-3's gathers and reduce-scatters (zero.stage3_ring_bytes) on each device's own
     tp shards (in a pipeline: for one chunk of its layers)."""
     import jax

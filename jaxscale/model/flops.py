@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from jaxscale.model.transformer import ModelConfig, ModelConfigError, check_compute
+from jaxscale.model.config import ModelConfig, ModelConfigError
+from jaxscale.model.transformer import check_compute
 
 CONVENTION = ("model FLOPs/token = 6N (N = L(4d^2+2df) + Vd matmul weights, fwd 2N + bwd 4N)"
               " + 12 L s d attention (non-causal s x s, as PaLM/MaxText); no remat, no"

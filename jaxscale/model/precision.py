@@ -1,95 +1,14 @@
-"""Number formats and mixed-precision training, computed for real in bfloat16 / float16.
-
-Formats: every figure of `format_table()` is read from ml_dtypes.finfo. `classify` says
-what happens to values stored in a smaller format: normal, subnormal (gradual underflow,
-fewer significant bits), flushed to zero, or overflow to inf.
-
-Training: a `Policy` says in which dtype the working parameters live (and so the forward
+"""Mixed-precision policies: in which dtype the working parameters live (and so the forward
 and backward pass compute), whether an FP32 master copy receives the updates, and how the
-loss is scaled. `make_step` builds the jitted step for a policy:
-
-    working params (compute dtype) --forward/backward, loss x scale--> grads (compute dtype)
-    grads -> fp32, / scale -> finite? -> optimizer update of the master (fp32) or of the
-    working params themselves (pure low precision) -> working params = cast(master)
-
-Dynamic loss scaling: a non-finite gradient skips the update (params, master and optimizer
-state unchanged) and halves the scale; `growth_interval` finite steps in a row double it.
-
-The spike guard (jaxscale.training.spikes) uses the same skip: given a `Guard`, the step also drops
-an update whose global loss or gradient norm is above the guard's limits, or non-finite,
-whatever the policy; the guard's factor scales the update (the learning rate, raised by a
-fault or lowered after a rollback) without recompiling.
+loss is scaled. The step that applies a policy is `parallel.step.make_step`; the formats
+themselves are `model.formats`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
 
-import jax
-import jax.numpy as jnp
-import ml_dtypes
-import numpy as np
-import optax
+from jaxscale.model.formats import PrecisionError, dtype_of
 
-from jaxscale.model.loss import loss_fn
-
-FORMATS = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
-           "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
-
-
-class PrecisionError(ValueError):
-    """An unknown format or policy, or an inconsistent policy."""
-
-
-def _dtype(name_or_dtype):
-    if isinstance(name_or_dtype, str):
-        if name_or_dtype not in FORMATS:
-            raise PrecisionError(f"unknown format {name_or_dtype!r}; choose from {', '.join(FORMATS)}")
-        return np.dtype(FORMATS[name_or_dtype])
-    return np.dtype(name_or_dtype)
-
-
-def format_table() -> list[dict]:
-    """Bits, exponent/mantissa bits, range and precision of each format, from ml_dtypes.finfo."""
-    rows = []
-    for name, dt in FORMATS.items():
-        fi = ml_dtypes.finfo(dt)
-        rows.append({"format": name, "bits": fi.bits, "exponent_bits": fi.nexp,
-                     "mantissa_bits": fi.nmant, "max": float(fi.max),
-                     "smallest_normal": float(fi.smallest_normal),
-                     "smallest_subnormal": float(fi.smallest_subnormal), "eps": float(fi.eps),
-                     "decimal_digits": fi.precision})
-    return rows
-
-
-def round_to(x, fmt) -> np.ndarray:
-    """x rounded to `fmt` (round to nearest even) and returned as float32: the value stored."""
-    with np.errstate(over="ignore"):  # overflow to inf is the point, not an accident
-        return np.asarray(np.asarray(x, np.float32).astype(_dtype(fmt)), np.float32)
-
-
-CATEGORIES = ("zero", "normal", "subnormal", "flushed", "overflow")
-
-
-def classify(x, fmt) -> dict[str, float]:
-    """Fractions of x that, stored in `fmt`, are zero already, normal, subnormal, flushed to
-    zero (nonzero but rounds to 0) or overflow (finite but rounds to +-inf)."""
-    x = np.asarray(x, np.float32).ravel()
-    r = round_to(x, fmt)
-    tiny = float(ml_dtypes.finfo(_dtype(fmt)).smallest_normal)
-    zero = x == 0
-    flushed = ~zero & (r == 0)
-    overflow = np.isfinite(x) & ~np.isfinite(r)
-    subnormal = (r != 0) & (np.abs(r) < tiny)
-    normal = ~zero & ~flushed & ~overflow & ~subnormal
-    n = max(x.size, 1)
-    return {k: float(v.sum()) / n for k, v in zip(CATEGORIES, (zero, normal, subnormal, flushed,
-                                                                overflow))}
-
-
-# --------------------------------------------------------------------------------------
-# Policies
-# --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Policy:
@@ -103,7 +22,7 @@ class Policy:
     growth_interval: int = 2000  # dynamic: finite steps in a row before doubling the scale
 
     def __post_init__(self):
-        _dtype(self.param_dtype)
+        dtype_of(self.param_dtype)
         if self.loss_scale not in ("none", "static", "dynamic"):
             raise PrecisionError(f"unknown loss scaling {self.loss_scale!r}; choose from none, "
                                  "static, dynamic")
@@ -112,7 +31,7 @@ class Policy:
 
     @property
     def compute_dtype(self):
-        return _dtype(self.param_dtype)
+        return dtype_of(self.param_dtype)
 
     def bytes_per_param(self, optimizer_moments: int = 2) -> dict[str, int]:
         """Closed form: working params + gradients + master + optimizer moments (Adam: 2)."""
@@ -140,196 +59,3 @@ def policy(name: str) -> Policy:
     if name not in POLICIES:
         raise PrecisionError(f"unknown precision policy {name!r}; choose from {', '.join(POLICIES)}")
     return POLICIES[name]
-
-
-# --------------------------------------------------------------------------------------
-# The mixed-precision train step
-# --------------------------------------------------------------------------------------
-
-class TrainState(NamedTuple):
-    params: Any  # working parameters, in the policy's compute dtype
-    master: Any  # fp32 master parameters, or None
-    opt_state: Any
-    loss_scale: jax.Array  # float32 scalar; 1.0 without scaling
-    good_steps: jax.Array  # int32: finite steps since the scale last changed
-    skipped: jax.Array  # int32: updates skipped so far for non-finite gradients
-
-
-class Guard(NamedTuple):
-    """Per-step inputs of a guarded step, float32 scalars on every device (the same on
-    every process: they come from globally reduced metrics)."""
-
-    loss_max: jax.Array  # the update is dropped if the global loss is above this ...
-    norm_max: jax.Array  # ... or the global gradient norm above this (inf: no limit)
-    lr_factor: jax.Array  # multiplies the update, i.e. the learning rate
-
-    @classmethod
-    def make(cls, loss_max=np.inf, norm_max=np.inf, lr_factor=1.0) -> "Guard":
-        return cls(*(np.float32(v) for v in (loss_max, norm_max, lr_factor)))
-
-
-def _times(x, factor):
-    """x * factor, and exactly x when factor is 1. (A plain x * factor, though x * 1.0 == x,
-    changes the plain step's bits: XLA fuses it with the ops that made x and rounds them
-    differently. Through a select the step stays bit-identical to the plain one; measured,
-    tests/test_spikes.py. A factor on the gradients did not, even so: a NaN fault is
-    injected through the batch instead, jaxscale.training.spikes.poison.)"""
-    return jnp.where(factor == 1, x, (x * factor).astype(x.dtype))
-
-
-def _cast(tree, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype), tree)
-
-
-def init_state(params32, optimizer: optax.GradientTransformation, pol: Policy,
-               arrange=None, arrange_params: bool = False) -> TrainState:
-    """The training state for fp32 initial parameters under `pol`.
-
-    `arrange` lays out the optimizer's copy (master weights, or the working params it
-    updates) and hence its state, e.g. ZeRO's flat slices; `arrange_params` applies it to
-    the working parameters too. Default: whole tensors.
-    """
-    arrange = (lambda tree: tree) if arrange is None else arrange
-    working = _cast(params32, pol.compute_dtype)
-    master = arrange(params32) if pol.master_weights else None
-    opt_state = optimizer.init(master if pol.master_weights else arrange(working))
-    scale = pol.initial_scale if pol.loss_scale != "none" else 1.0
-    return TrainState(arrange(working) if arrange_params else working, master, opt_state,
-                      jnp.float32(scale), jnp.int32(0), jnp.int32(0))
-
-
-def local_value_and_grad(graphdef):
-    """grad_fn for one device: (loss, gradients of loss x multiplier); multiplier None = 1."""
-    def grad_fn(params, batch, multiplier):
-        def scaled(p):
-            loss = loss_fn(graphdef, p, batch)
-            # no multiply at all when nothing is scaled: fp32 stays bit-identical to the plain step
-            return (loss if multiplier is None else loss * multiplier), loss
-        (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(params)
-        return loss, grads
-    return grad_fn
-
-
-class Replicated:
-    """Where the optimizer's copy of the parameters lives: here, whole on every device.
-
-    A sharded layout (ZeRO, `jaxscale.parallel.zero`) overrides these: `target` picks the
-    slice of the working parameters a device updates, `params` rebuilds the working
-    parameters from the updated slices, and the reductions make per-slice flags and sums
-    global.
-    """
-
-    def target(self, params):
-        return params
-
-    def params(self, updated):
-        return updated
-
-    def all_finite(self, flag):
-        return flag
-
-    def global_sum(self, x):
-        return x
-
-    def norm(self, tree):
-        return optax.tree.norm(tree)
-
-    # The canonical form (jaxscale.parallel.canonical): whole tensors in the model's own
-    # layer order, whatever the plan. A layout that stores a tensor otherwise converts it
-    # here, one tensor at a time, on global arrays under jit: the working parameters
-    # (`params_*`) and the optimizer's copy (`copy_*`: master weights and every
-    # parameter-shaped leaf of the optimizer state). `info` is the tensor's ParamInfo.
-    def canonical_spec(self, info):
-        """The PartitionSpec of a whole tensor this layout converts from and to on its own
-        devices; None: spread it over all devices (parallel.canonical.canonical_sharding)."""
-        return None
-
-    def params_to_canonical(self, x, info):
-        return x
-
-    def params_from_canonical(self, x, info):
-        return x
-
-    def copy_to_canonical(self, x, info):
-        return x
-
-    def copy_from_canonical(self, x, info):
-        return x
-
-
-def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
-              batch_factor: float | jax.Array = 1.0, grad_fn=None, jit: bool = True,
-              layout=None):
-    """A step(state, batch, guard=None) -> (state, metrics) applying `pol` (jitted unless
-    jit=False); with a `Guard` (or its vector, ShardedStep.place_guard), an update outside
-    its limits is dropped (see the top).
-
-    batch_factor > 1 divides the loss before the backward pass and multiplies the fp32
-    gradients back afterwards: the low-precision backward pass then carries gradients as
-    small as a batch that many times larger would give, while the update stays the same.
-    `grad_fn(params, batch, multiplier) -> (loss, grads)` computes the gradients (default:
-    on one device; the data-parallel step passes one that reduces them over the mesh); they
-    come in the `layout` of the optimizer's target (default `Replicated()`: whole tensors).
-    """
-    layout = Replicated() if layout is None else layout
-    plain = pol.loss_scale == "none" and isinstance(batch_factor, (int, float)) and batch_factor == 1
-    grad_fn = local_value_and_grad(graphdef) if grad_fn is None else grad_fn
-
-    def step(state: TrainState, batch, guard: Guard | jax.Array | None = None):
-        if guard is not None:  # a Guard, or its three scalars as one vector
-            guard = Guard(*(guard[i] for i in range(3)))
-        loss, grads = grad_fn(state.params, batch,
-                              None if plain else state.loss_scale / batch_factor)
-        unscale = batch_factor / state.loss_scale
-        grads32 = jax.tree.map(lambda g: g.astype(jnp.float32) * (1 if plain else unscale), grads)
-        finite = layout.all_finite(
-            jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads32)])))
-        grad_norm = layout.norm(grads32)
-        target = state.master if pol.master_weights else layout.target(state.params)
-        g = grads32 if pol.master_weights else _cast(grads32, pol.compute_dtype)
-        updates, opt_state = optimizer.update(g, state.opt_state, target)
-        if guard is not None:  # the learning rate's factor, after a jump or a rollback
-            updates = jax.tree.map(lambda u: _times(u, guard.lr_factor), updates)
-        new_target = optax.apply_updates(target, updates)
-        moved = [(u != 0) for u in jax.tree.leaves(updates)]
-        lost = [m & (a == b) for m, a, b in
-                zip(moved, jax.tree.leaves(new_target), jax.tree.leaves(target))]
-        swallowed = (layout.global_sum(sum(x.sum() for x in lost))
-                     / jnp.maximum(layout.global_sum(sum(m.sum() for m in moved)), 1))
-        if pol.master_weights:
-            new_master = new_target
-            new_params = layout.params(_cast(new_target, pol.compute_dtype))
-        else:
-            new_master, new_params = None, layout.params(new_target)
-
-        apply = finite if pol.loss_scale == "dynamic" else jnp.bool_(True)
-        accepted = jnp.bool_(True)
-        if guard is not None:  # the loss and norm are global: every device decides alike
-            accepted = (finite & jnp.isfinite(loss) & (loss <= guard.loss_max)
-                        & (grad_norm <= guard.norm_max))
-            apply = apply & accepted
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)  # noqa: E731
-        scale, good = state.loss_scale, state.good_steps
-        if pol.loss_scale == "dynamic":
-            grow = finite & (good + 1 >= pol.growth_interval)
-            scale = jnp.where(finite, jnp.where(grow, scale * 2, scale), scale / 2)
-            good = jnp.where(finite & ~grow, good + 1, 0)
-        new_state = TrainState(keep(new_params, state.params), keep(new_master, state.master),
-                               keep(opt_state, state.opt_state), scale, good,
-                               state.skipped + (~apply).astype(jnp.int32))
-        metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
-                   "loss_scale": state.loss_scale, "skipped": new_state.skipped,
-                   "swallowed": swallowed, "accepted": accepted}
-        return new_state, metrics
-
-    return jax.jit(step) if jit else step
-
-
-def state_bytes_per_param(state: TrainState, grads, n_params: int) -> dict[str, float]:
-    """Bytes per parameter measured from a real TrainState and the step's gradient tree
-    (arrays or jax.eval_shape's ShapeDtypeStructs); the optimizer's step count is left out."""
-    def per_param(tree, arrays_only=False):
-        leaves = [x for x in jax.tree.leaves(tree) if not (arrays_only and x.ndim == 0)]
-        return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves) / n_params
-    return {"params": per_param(state.params), "grads": per_param(grads),
-            "master": per_param(state.master), "optimizer": per_param(state.opt_state, True)}

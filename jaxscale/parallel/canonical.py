@@ -9,7 +9,7 @@ counters beside them. A checkpoint written from any plan restores into any other
     plan A's state --A.to_canonical--> canonical --Orbax--> disk --Orbax--> canonical
                    --B.from_canonical--> plan B's state
 
-Each layout converts its own tensors (`precision.Replicated.params_to_canonical` and
+Each layout converts its own tensors (`layouts.Replicated.params_to_canonical` and
 friends, overridden by ZeRO's and the hybrid layouts); this module applies a layout's
 conversions to a whole state under jit, so the conversion is one compiled program that
 moves shards between devices and never gathers the state onto one of them. The canonical
@@ -28,6 +28,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale.model import precision
+from jaxscale.parallel import layouts
+from jaxscale.parallel import step as steplib
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ def param_infos(shapes, specs=None):
     return jax.tree_util.tree_map_with_path(info, shapes, specs)
 
 
-def map_state(state: precision.TrainState, optimizer: optax.GradientTransformation, infos,
-              on_params, on_copy) -> precision.TrainState:
+def map_state(state: steplib.TrainState, optimizer: optax.GradientTransformation, infos,
+              on_params, on_copy) -> steplib.TrainState:
     """`state` with on_params(x, info) applied to each working parameter and on_copy(x, info)
     to the optimizer's copy: the master weights and the optimizer state's parameter trees
     (found by optax.tree_map_params; a step count or other scalar passes unchanged)."""
@@ -91,7 +93,7 @@ class Canonical:
                  state_shardings=None, specs=None):
         self.mesh = mesh
         infos = param_infos(shapes, specs)
-        abstract = jax.eval_shape(lambda p: precision.init_state(p, optimizer, pol), shapes)
+        abstract = jax.eval_shape(lambda p: steplib.init_state(p, optimizer, pol), shapes)
 
         def place(x, info):  # a parameter's tensors: where the layout converts them
             spec = None if mesh is None else layout.canonical_spec(info)
@@ -112,7 +114,7 @@ class Canonical:
             return map_state(canonical, optimizer, infos, layout.params_from_canonical,
                              layout.copy_from_canonical)
 
-        if mesh is None and type(layout) is precision.Replicated:  # Plan(): already canonical
+        if mesh is None and type(layout) is layouts.Replicated:  # Plan(): already canonical
             self.to_canonical = lambda state: state  # (no copy to wait for)
             # a restored state is committed to its device, a fresh one is not: uncommitted
             # (by way of the host, once per restore), the step needs one program, not two

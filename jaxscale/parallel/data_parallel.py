@@ -31,6 +31,8 @@ from jaxscale.model import precision
 from jaxscale.model.loss import nll_and_count
 from jaxscale.parallel.canonical import Canonical
 from jaxscale.runtime import mesh as meshlib
+from jaxscale.parallel import layouts
+from jaxscale.parallel import step as steplib
 
 AXIS = "dp"
 
@@ -86,7 +88,7 @@ class ShardedStep:
     """step(state, batch, guard=None) -> (state, metrics), what every Plan's builder
     returns: puts the batch's rows on the dp axis (`place_batch`; one device: `mesh` None),
     then runs `jitted`, the compiled program (lower it to read its HLO), or with a
-    `precision.Guard` its guarded twin `guarded` (compiled on first use: a run without a
+    `steplib.Guard` its guarded twin `guarded` (compiled on first use: a run without a
     guard never builds it). `full_params(state)` gives whole parameters (ZeRO-3 and tp/pp
     layouts pass their own: they store shards); `canonical` converts the whole state to
     and from the plan-independent form that checkpoints hold (jaxscale.parallel.canonical)."""
@@ -102,19 +104,19 @@ class ShardedStep:
         return jax.device_put({k: batch[k] for k in ("tokens", "targets", "mask")},
                               self.batch_sharding)
 
-    def place_guard(self, guard: precision.Guard) -> jax.Array:
+    def place_guard(self, guard: steplib.Guard) -> jax.Array:
         """The guard's scalars as one float32 vector on every device of the mesh (every
         process gives the same): one transfer a step, not one per scalar."""
         return jax.device_put(np.asarray(guard, np.float32), self.guard_sharding)
 
-    def __call__(self, state, batch, guard: precision.Guard | None = None):
+    def __call__(self, state, batch, guard: steplib.Guard | None = None):
         if guard is None:
             return self.jitted(state, self.place_batch(batch))
         return self.guarded(state, self.place_batch(batch), self.place_guard(guard))
 
 
 def shard_step(update, mesh, state_specs, prepare=None, batch_spec=P(AXIS)) -> tuple:
-    """(step, guarded step): `update` (precision.make_step, jit=False) in one shard_map over
+    """(step, guarded step): `update` (steplib.make_step, jit=False) in one shard_map over
     `mesh`, the state on `state_specs`, the batch's rows on dp, the guard's vector
     replicated (ShardedStep.place_guard). With `prepare`, the batch (every row placed on
     dp, whole) is first rearranged by it under the same jit and split as `batch_spec` says
@@ -133,16 +135,16 @@ def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes
     """(init, step) for a Plan with dp >= 1 (and micro-batches): see the module docstring."""
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = meshlib.make_mesh(plan.mesh_shape, devices)
-    update = precision.make_step(graphdef, optimizer, pol, jit=False,
+    update = steplib.make_step(graphdef, optimizer, pol, jit=False,
                                  grad_fn=dp_value_and_grad(graphdef, plan.micro_batches))
     compiled, guarded = shard_step(update, mesh, P())
     replicated = NamedSharding(mesh, P())
 
     def init(params32):
-        state = precision.init_state(params32, optimizer, pol)
+        state = steplib.init_state(params32, optimizer, pol)
         return jax.device_put(state, replicated)  # replicated on every device
 
-    canonical = Canonical(precision.Replicated(), optimizer, pol, shapes, mesh, replicated)
+    canonical = Canonical(layouts.Replicated(), optimizer, pol, shapes, mesh, replicated)
     return init, ShardedStep(mesh, compiled, canonical=canonical, guarded=guarded)
 
 

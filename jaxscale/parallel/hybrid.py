@@ -37,6 +37,9 @@ from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
 from jaxscale.parallel.zero import (ZeroLayout, check_elementwise, forward_gathered,
                                     gathered_units)
 from jaxscale.runtime import mesh as meshlib
+from jaxscale.model import config as model_config
+from jaxscale.parallel import layouts
+from jaxscale.parallel import step as steplib
 
 RULES = {"heads": "tp", "mlp": "tp", "layers": "pp"}
 
@@ -81,7 +84,7 @@ class HybridCanonical:
         return _reorder(x, info, self.order)
 
 
-class MeshLayout(HybridCanonical, precision.Replicated):
+class MeshLayout(HybridCanonical, layouts.Replicated):
     """The optimizer works on each device's shards; reductions know which axes split what."""
 
     def __init__(self, specs, axes, order):
@@ -184,7 +187,7 @@ def _local_shapes(shapes, specs, plan):
     return jax.tree.map(local, shapes, specs, is_leaf=lambda x: isinstance(x, P))
 
 
-def check_divisible(cfg: modellib.ModelConfig, plan) -> None:
+def check_divisible(cfg: model_config.ModelConfig, plan) -> None:
     from jaxscale.parallel.plan import PlanError
     v = plan.virtual
     if cfg.n_heads % plan.tp or cfg.d_ff % plan.tp:
@@ -295,9 +298,9 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
             like=layout.owned if plan.zero_stage == 2 else identity,
             own=lambda p: jax.tree.map(lambda x: vary(x, mine), p) if mine else p,
             batch_axes=(AXIS, *seq_axes))
-    update = precision.make_step(graphdef, optimizer, pol, jit=False, layout=layout,
+    update = steplib.make_step(graphdef, optimizer, pol, jit=False, layout=layout,
                                  grad_fn=grad_fn)
-    state_specs = precision.TrainState(
+    state_specs = steplib.TrainState(
         flat_specs if plan.zero_stage == 3 else specs,
         None if not pol.master_weights else flat_specs,
         optax.tree_map_params(optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, shapes),
@@ -305,7 +308,7 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
         P(), P(), P())
 
     def local_state(params):  # on each device's own shards (ZeRO: its dp slice of them)
-        return precision.init_state(params, optimizer, pol,
+        return steplib.init_state(params, optimizer, pol,
                                     arrange=layout.owned if plan.zero_stage else None,
                                     arrange_params=plan.zero_stage == 3)
 

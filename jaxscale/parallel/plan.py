@@ -22,6 +22,9 @@ from flax import nnx
 
 from jaxscale.model import attention, transformer as modellib, precision
 from jaxscale.runtime import mesh as meshlib
+from jaxscale.model import config as model_config
+from jaxscale.parallel import layouts
+from jaxscale.parallel import step as steplib
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 REMAT_POLICIES = tuple(modellib.REMAT_POLICIES)
@@ -189,7 +192,7 @@ LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "zero": "zero_sta
                "unroll": "unroll", "sp": "sequence_parallel"}
 
 
-def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
+def build_train_step(model_cfg: model_config.ModelConfig, plan: Plan,
                      optimizer: optax.GradientTransformation, devices=None):
     """(init, step) for `plan`: init(params32) -> state; step(state, batch) -> (state, metrics).
 
@@ -224,8 +227,8 @@ def build_train_step(model_cfg: modellib.ModelConfig, plan: Plan,
     from jaxscale.parallel.data_parallel import ShardedStep, build_data_parallel
     if plan.n_devices == 1 and plan.micro_batches == 1:  # the reference: a plain jit
         from jaxscale.parallel.canonical import Canonical
-        canonical = Canonical(precision.Replicated(), optimizer, pol, shapes, None)
-        step = ShardedStep(None, precision.make_step(graphdef, optimizer, pol),
+        canonical = Canonical(layouts.Replicated(), optimizer, pol, shapes, None)
+        step = ShardedStep(None, steplib.make_step(graphdef, optimizer, pol),
                            canonical=canonical)
-        return (lambda params32: precision.init_state(params32, optimizer, pol)), step
+        return (lambda params32: steplib.init_state(params32, optimizer, pol)), step
     return build_data_parallel(graphdef, plan, optimizer, pol, shapes, devices)

@@ -46,6 +46,8 @@ from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel.data_parallel import (AXIS, ShardedStep, accumulated_value_and_grad,
     shard_step)
 from jaxscale.runtime import mesh as meshlib
+from jaxscale.parallel import layouts
+from jaxscale.parallel import step as steplib
 
 STACKED = "blocks"  # the parameter subtree whose leaves carry a leading layers axis
 
@@ -62,7 +64,7 @@ def _padded(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-class ZeroLayout(precision.Replicated):
+class ZeroLayout(layouts.Replicated):
     """Flat, padded, K-way sliced copies of the parameters (see the module docstring)."""
 
     def __init__(self, shapes, k: int, stage: int):
@@ -229,7 +231,7 @@ def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = 
 
 def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat: str = "none",
                         attention: str = "einsum", unroll: bool = False):
-    """grad_fn for precision.make_step: (global loss, this device's slice of the gradients).
+    """grad_fn for steplib.make_step: (global loss, this device's slice of the gradients).
 
     Stage 1 accumulates whole gradients and reduce-scatters them once; stage 2
     reduce-scatters every micro-batch's gradients at once and accumulates only slices;
@@ -273,13 +275,13 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = meshlib.make_mesh(plan.mesh_shape, devices)
     layout = ZeroLayout(param_shapes, plan.dp, plan.zero_stage)
-    update = precision.make_step(
+    update = steplib.make_step(
         graphdef, optimizer, pol, jit=False, layout=layout,
         grad_fn=zero_value_and_grad(graphdef, layout, plan.micro_batches, plan.remat,
                                     plan.attention, plan.unroll))
 
     def fresh_state(params32):
-        return precision.init_state(params32, optimizer, pol, arrange=layout.flatten,
+        return steplib.init_state(params32, optimizer, pol, arrange=layout.flatten,
                                     arrange_params=plan.zero_stage == 3)
 
     abstract = jax.eval_shape(fresh_state, param_shapes)

@@ -28,6 +28,8 @@ from jaxscale.data.sampler import StepBatches
 from jaxscale.model.loss import loss_fn, nll_and_count  # noqa: F401  (re-exported)
 from jaxscale.parallel.plan import Plan, build_train_step
 from jaxscale.report import Progress, plot_loss_curve
+from jaxscale.model import config as model_config
+from jaxscale.parallel import step as steplib
 
 
 class TrainConfigError(ValueError):
@@ -90,7 +92,7 @@ class TrainConfig:
         return plan.validate(global_batch=self.batch_size) if validate else plan
 
     def validate(self) -> None:
-        modellib.preset(self.model)
+        model_config.preset(self.model)
         checks = [
             (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
             (self.optimizer in OPTIMIZERS,
@@ -120,13 +122,13 @@ class TrainConfig:
         plan = self.plan()
         if plan.tp > 1 or plan.pp > 1:
             from jaxscale.parallel.hybrid import check_divisible
-            check_divisible(modellib.preset(self.model), plan)
+            check_divisible(model_config.preset(self.model), plan)
 
     def check_platform(self, platform: str) -> None:
         """Refuse to train a GPU/TPU-sized preset on CPU devices (before anything is built)."""
         try:
-            modellib.check_platform(self.model, platform)
-        except modellib.ModelConfigError as e:
+            model_config.check_platform(self.model, platform)
+        except model_config.ModelConfigError as e:
             raise TrainConfigError(str(e)) from None
 
 
@@ -247,7 +249,7 @@ def init_state(cfg: TrainConfig):
     `graphdef` is the model's static structure; `params` the fp32 arrays as a nested dict.
     The optimizer state is built by the Plan's init, in the layout its strategy needs.
     """
-    mcfg = modellib.preset(cfg.model)
+    mcfg = model_config.preset(cfg.model)
     # validation runs this graph on fp32 parameters, which cuDNN's kernel does not take
     kernel = "xla" if cfg.attention == "cudnn" else cfg.attention
     model = modellib.build(mcfg, seed=cfg.seed, attention=kernel, unroll=cfg.unroll)
@@ -292,7 +294,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
         raise TrainConfigError("spike policy rollback restores the last checkpoint: give a "
                                "checkpoint directory and a save interval (--checkpoint-dir, "
                                "--checkpoint-every), or use --spike-policy skip")
-    mcfg = modellib.preset(cfg.model)
+    mcfg = model_config.preset(cfg.model)
     if corpus is None:  # long rows hold several whole documents (garden.corpus_for)
         corpus = garden.corpus_for(mcfg.seq_len, cfg.seed, cfg.n_train_docs, cfg.n_val_docs)
         if len(corpus.train) < cfg.batch_size:
@@ -396,7 +398,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             if guarded:
                 loss_max, norm_max = (window.limits() if cfg.spike_policy != "none"
                                       else (math.inf, math.inf))
-                guard = precision.Guard.make(loss_max, norm_max, gs.lr_factor)
+                guard = steplib.Guard.make(loss_max, norm_max, gs.lr_factor)
             if any(f.kind == "nan" for f in due):
                 batch = spikes.poison(batch)
             t0 = time.perf_counter()
@@ -504,7 +506,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
             and (not val_curve or val_curve[-1][0] != len(losses))):
         val_curve.append((len(losses), evaluate(eval_fn, whole(state), val_batches)))
     result = TrainResult(
-        config=asdict(cfg), param_count=modellib.param_count(mcfg), entropy_floor=floor,
+        config=asdict(cfg), param_count=model_config.param_count(mcfg), entropy_floor=floor,
         loss_curve=losses, grad_norms=norms, val_curve=val_curve,
         val_loss=val_curve[-1][1] if val_curve else math.nan,
         steps_run=len(losses), tokens_seen=tokens, compile_s=compile_s, train_s=train_s,

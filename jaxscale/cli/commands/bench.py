@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from jaxscale.cli.main import EXIT_FAILED, _error, _number
+from jaxscale.model import config as model_config
 
 
 def _list(kind, name: str, choices=None):
@@ -32,7 +33,8 @@ def _list(kind, name: str, choices=None):
 def register(subparsers) -> None:
     from jaxscale.cli import runtime_options as runtime
     from jaxscale.cli.calculator_args import preset_summary
-    from jaxscale.model.transformer import PRESETS, REMAT_POLICIES
+    from jaxscale.model.config import PRESETS
+    from jaxscale.model.transformer import REMAT_POLICIES
     from jaxscale.model.precision import POLICIES
 
     b = subparsers.add_parser("bench", help="time a training step: tokens/s and MFU",
@@ -65,16 +67,16 @@ def run(args) -> int:
     from jaxscale import bench
     from jaxscale.runtime import devices as devlib, profiling
     from jaxscale.measure import hardware
-    from jaxscale.model import transformer as modellib, precision as precisionlib
+    from jaxscale.model import precision as precisionlib
     from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.cli.runtime_options import resolve_attention
     from jaxscale.report import print_table
 
     device = devlib.pick_devices(args.platform)[0]  # one device: the first
-    modellib.check_platform(args.model, device.platform)
+    model_config.check_platform(args.model, device.platform)
     precision = args.precision or ("fp32" if device.platform == "cpu" else "bf16")
     attention = resolve_attention(args.attention, device.platform, precision)
-    small = args.model in modellib.CPU_PRESETS
+    small = args.model in model_config.CPU_PRESETS
     configs = [bench.BenchConfig(args.model, batch, precision, remat, attention, args.unroll,
                                  args.steps, args.warmup)
                for batch in (args.batch or [32 if small else 8]) for remat in args.remat]

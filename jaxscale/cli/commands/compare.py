@@ -21,12 +21,13 @@ from jaxscale.cli.main import _number
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.runtime import devices as devlib
 from jaxscale.cli import cluster_options
+from jaxscale.model import config as model_config
 
 
 def register(subparsers) -> None:
     from jaxscale.cli import runtime_options as runtime
     from jaxscale.compare.strategies import CONTROL, NOISE_FLOOR, NOISE_MULTIPLE, STRATEGIES
-    from jaxscale.model.transformer import PRESETS
+    from jaxscale.model.config import PRESETS
     from jaxscale.parallel.plan import LAYOUT_KEYS
     from jaxscale.cli.paths import output_dir
     p = subparsers.add_parser(
@@ -111,15 +112,14 @@ def run(args) -> int:
     from dataclasses import asdict
 
     from jaxscale.runtime import processes as distributed
-    from jaxscale.model import transformer as modellib
     from jaxscale.compare.strategies import CompareError, check_strategies
-    cfg = modellib.preset(args.model)
+    cfg = model_config.preset(args.model)
     on_cpu = args.platform == "cpu" or (args.platform == "auto"
                                         and not devlib.accelerator_installed())
-    if not args.abstract and on_cpu and args.model not in modellib.CPU_PRESETS:
+    if not args.abstract and on_cpu and args.model not in model_config.CPU_PRESETS:
         raise CompareError(f"model {args.model!r} is too big to train here; use --abstract "
                            "to compile it without running, or one of "
-                           f"{', '.join(modellib.CPU_PRESETS)}")
+                           f"{', '.join(model_config.CPU_PRESETS)}")
     names, layouts = _strategy_names(args, args.devices, cfg)
     plans = check_strategies(names, args.devices, cfg, layouts)  # all valid before JAX starts
     for name, plan in plans.items():

@@ -17,7 +17,8 @@ def register(subparsers) -> None:
     from jaxscale.training.checkpoint.manager import CheckpointOptions
     from jaxscale.cli import runtime_options as runtime
     from jaxscale.cli.calculator_args import preset_summary
-    from jaxscale.model.transformer import PRESETS, REMAT_POLICIES
+    from jaxscale.model.config import PRESETS
+    from jaxscale.model.transformer import REMAT_POLICIES
     from jaxscale.parallel.schedules import SCHEDULES
     from jaxscale.cli.paths import output_dir
     from jaxscale.model.precision import POLICIES, POLICY_HELP

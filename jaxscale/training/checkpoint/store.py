@@ -47,7 +47,7 @@ def run_meta(cfg, plan, samples_seen: int, losses, norms, val_curve, tokens,
 
     import jax
 
-    from jaxscale.model.transformer import preset
+    from jaxscale.model.config import preset
     return {
         "config": asdict(cfg), "plan": plan.as_dict(), "plan_layout": plan.layout(),
         "model": asdict(model or preset(cfg.model)),  # `model`: a ModelConfig, not a preset
