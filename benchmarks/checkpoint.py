@@ -56,7 +56,8 @@ from jaxscale.training.checkpoint.manager import (Checkpointer, CheckpointOption
     run_meta, flat_items, listing, versions)
 from jaxscale.training.checkpoint.store import dir_bytes  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
-from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.parallel.plan import Plan  # noqa: E402
+from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, lr_schedule, make_optimizer
 from jaxscale.model import config as model_config
 

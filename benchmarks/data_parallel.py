@@ -26,7 +26,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 from jaxscale import garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
 from jaxscale.model import optim, precision  # noqa: E402
-from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.parallel.plan import Plan  # noqa: E402
+from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config
 from jaxscale.parallel import step as steplib

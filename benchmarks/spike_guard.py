@@ -65,7 +65,8 @@ from jaxscale.training import spikes  # noqa: E402
 from jaxscale.training.checkpoint.store import versions  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.data_parallel import shard_step  # noqa: E402
-from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.parallel.plan import Plan  # noqa: E402
+from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.training.train import (TrainConfig, as_arrays, lr_schedule,
     make_optimizer)  # noqa: E402
 from jaxscale.model import config as model_config

@@ -36,7 +36,8 @@ from jaxscale.runtime.mesh import make_mesh  # noqa: E402
 from jaxscale.model.loss import loss_fn, nll_and_count  # noqa: E402
 from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
     shard_mean_of_means)
-from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.parallel.plan import Plan  # noqa: E402
+from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config

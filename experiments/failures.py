@@ -167,7 +167,8 @@ def _measure_saves(directory: Path) -> dict:
 
     from jaxscale import garden
     from jaxscale.training.checkpoint.manager import Checkpointer, CheckpointOptions, run_meta
-    from jaxscale.parallel.plan import Plan, build_train_step
+    from jaxscale.parallel.plan import Plan
+    from jaxscale.parallel.build import build_train_step
     from jaxscale.training.train import TrainConfig, as_arrays, init_state
 
     cfg = TrainConfig(model="tiny", batch_size=8)

@@ -42,7 +42,8 @@ from jaxscale.model import transformer as M  # noqa: E402
 from jaxscale.compare.strategies import predict  # noqa: E402
 from jaxscale.model.flops import model_flops_per_token  # noqa: E402
 from jaxscale.parallel import context as C  # noqa: E402
-from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.parallel.plan import Plan  # noqa: E402
+from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.report import print_table  # noqa: E402
 from jaxscale.model import config as model_config
 

@@ -40,7 +40,8 @@ from jaxscale.parallel import schedules as sched  # noqa: E402
 from jaxscale.parallel.gantt import gantt_png  # noqa: E402
 from jaxscale.parallel.hybrid import param_specs  # noqa: E402
 from jaxscale.parallel.pipeline import tick_table  # noqa: E402
-from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.parallel.plan import Plan  # noqa: E402
+from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.report import print_table  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config

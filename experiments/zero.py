@@ -35,7 +35,8 @@ from jaxscale import costmodel as cm, garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
 from jaxscale.model import transformer as M, optim, precision  # noqa: E402
 from jaxscale.model.loss import loss_fn  # noqa: E402
-from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.parallel.plan import Plan  # noqa: E402
+from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.parallel.zero import stage3_ring_bytes  # noqa: E402
 from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402

@@ -31,7 +31,8 @@ from jaxscale.model import flops as flopslib, transformer as modellib, precision
 from jaxscale import garden
 from jaxscale.measure import hardware, hlo as measure
 from jaxscale.runtime import profiling
-from jaxscale.parallel.plan import Plan, build_train_step
+from jaxscale.parallel.plan import Plan
+from jaxscale.parallel.build import build_train_step
 from jaxscale.model import config as model_config
 
 

@@ -35,7 +35,8 @@ import pytest  # noqa: E402
 
 from jaxscale import garden  # noqa: E402
 from jaxscale.runtime.devices import force_cpu_devices  # noqa: E402
-from jaxscale.parallel.plan import Plan, build_train_step  # noqa: E402
+from jaxscale.parallel.plan import Plan  # noqa: E402
+from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config
 

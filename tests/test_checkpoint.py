@@ -13,7 +13,8 @@ import pytest
 
 from jaxscale.training.checkpoint import manager as C
 from jaxscale.cli import main as cli
-from jaxscale.parallel.plan import Plan, build_train_step
+from jaxscale.parallel.plan import Plan
+from jaxscale.parallel.build import build_train_step
 from jaxscale.training.train import TrainConfig, init_state, train
 from jaxscale.model import config as model_config
 

@@ -12,7 +12,8 @@ from flax import nnx
 from jaxscale.model import attention, transformer as M
 from jaxscale.measure import hlo as measure
 from jaxscale.model.loss import loss_fn
-from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.build import build_train_step
 
 from conftest import KEEP_GRADIENT, one_step, setup
 from jaxscale.model import config as model_config

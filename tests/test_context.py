@@ -14,7 +14,8 @@ from jaxscale.model import attention as A, transformer as M
 from jaxscale import garden
 from jaxscale.measure import hlo as measure
 from jaxscale.parallel import context as C
-from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.build import build_train_step
 
 from conftest import KEEP_GRADIENT, one_step
 from jaxscale.model import config as model_config

@@ -15,7 +15,8 @@ from jaxscale.runtime.mesh import make_mesh
 from jaxscale.model.loss import loss_fn, nll_and_count
 from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
     shard_mean_of_means)
-from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.build import build_train_step
 from jaxscale.training.train import TrainConfig, as_arrays, init_state
 from jaxscale.model import config as model_config
 

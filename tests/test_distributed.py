@@ -165,7 +165,8 @@ def test_gradient_accumulation_reduces_once_per_step(devices):
     """The HLO of dp=8 with 4 micro-batches sends exactly the bytes of dp=8 with 1: the
     all-reduce runs once, after the accumulation loop (PyTorch needs `no_sync` for it)."""
     from jaxscale.model import optim
-    from jaxscale.parallel.plan import Plan, build_train_step
+    from jaxscale.parallel.plan import Plan
+    from jaxscale.parallel.build import build_train_step
     cfg, params, batch = setup("tiny")
     sent = {}
     for m in (1, 4):

@@ -42,7 +42,8 @@ def test_a_bf16_step_with_cudnn_attention_has_the_reference_loss():
     """One small-model step in bf16 on the GPU, cuDNN attention against einsum: the same
     loss within bf16 rounding (1e-2 relative)."""
     from conftest import setup
-    from jaxscale.parallel.plan import Plan, build_train_step
+    from jaxscale.parallel.plan import Plan
+    from jaxscale.parallel.build import build_train_step
     from jaxscale.training.train import make_optimizer
     cfg, params, batch = setup("small")
     losses = {}

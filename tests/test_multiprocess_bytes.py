@@ -115,7 +115,7 @@ def test_measured_crossing_bytes_match_the_prediction(devices, name):
     the replica groups JAX writes follow the mesh as the prediction assumes."""
     from jaxscale.model import optim
     from jaxscale.compare.strategies import predict, strategy_plan
-    from jaxscale.parallel.plan import build_train_step
+    from jaxscale.parallel.build import build_train_step
     from jaxscale.parallel.pipeline import tick_table
     from conftest import setup
     cfg, params, batch = setup("tiny")

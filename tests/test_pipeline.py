@@ -7,7 +7,8 @@ from jaxscale.measure import hlo as measure
 from jaxscale.model import optim
 from jaxscale.parallel import schedules as sched
 from jaxscale.parallel.pipeline import BACKWARD, FORWARD, tick_table
-from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.build import build_train_step
 
 from conftest import one_step, setup
 from jaxscale.model import config as model_config

@@ -97,7 +97,8 @@ def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
 
     from jaxscale.training.checkpoint.manager import Checkpointer, run_meta
     from jaxscale.model.config import preset
-    from jaxscale.parallel.plan import Plan, build_train_step
+    from jaxscale.parallel.plan import Plan
+    from jaxscale.parallel.build import build_train_step
 
     def save(cfg, checkpoint=None, **kwargs):
         _, params, optimizer = train_module.init_state(cfg)

@@ -10,7 +10,8 @@ from jaxscale import garden
 from jaxscale.measure import hlo as measure
 from jaxscale.model import transformer as M, optim
 from jaxscale.model.loss import loss_fn
-from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.build import build_train_step
 from jaxscale.training.train import TrainConfig, as_arrays, init_state
 from jaxscale.model import config as model_config
 

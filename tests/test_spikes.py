@@ -25,7 +25,8 @@ from jaxscale import garden
 from jaxscale.training import spikes
 from jaxscale.compare.strategies import STRATEGIES, strategy_plan
 from jaxscale.data.sampler import StepBatches
-from jaxscale.parallel.plan import Plan, PlanError, build_train_step, elastic_micro_batches
+from jaxscale.parallel.plan import Plan, PlanError, elastic_micro_batches
+from jaxscale.parallel.build import build_train_step
 from jaxscale.training.train import TrainConfig, init_state, lr_schedule, train
 from jaxscale.model import config as model_config
 from jaxscale.parallel import step as steplib

@@ -9,7 +9,8 @@ from jaxscale.measure import hlo as measure
 from jaxscale.model import transformer as M, optim
 from jaxscale.runtime.mesh import make_mesh
 from jaxscale.parallel.hybrid import param_specs
-from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.build import build_train_step
 
 from conftest import one_step, setup
 from jaxscale.model import config as model_config

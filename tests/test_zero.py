@@ -9,7 +9,8 @@ import pytest
 from jaxscale import costmodel, garden
 from jaxscale.measure import hlo as measure
 from jaxscale.model import transformer as M, optim
-from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.build import build_train_step
 from flax import nnx
 
 from jaxscale.parallel.zero import ZeroError, stage3_ring_bytes

@@ -120,7 +120,7 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int) -> list[dict]:
     from jaxscale.model import optim
     from jaxscale.model import transformer as modellib
     from jaxscale.compare.strategies import predict
-    from jaxscale.parallel.plan import build_train_step
+    from jaxscale.parallel.build import build_train_step
 
     params = nnx.to_pure_dict(nnx.state(modellib.abstract(cfg), nnx.Param))
     rows = []

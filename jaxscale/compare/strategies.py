@@ -24,7 +24,8 @@ from jaxscale import costmodel as cm
 from jaxscale.measure import hlo as measure
 from jaxscale.model import transformer as modellib
 from jaxscale.parallel.pipeline import tick_table
-from jaxscale.parallel.plan import Plan, PlanError, build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.build import build_train_step
 from jaxscale.runtime import mesh as meshlib
 from jaxscale.model import config as model_config
 

@@ -37,7 +37,9 @@ from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table, vary
 from jaxscale.parallel.zero import (ZeroLayout, check_elementwise, forward_gathered,
                                     gathered_units)
 from jaxscale.runtime import mesh as meshlib
-from jaxscale.model import config as model_config
+from jaxscale.model.config import ModelConfig
+from jaxscale.model.loss import logits_nll_and_count
+from jaxscale.parallel.plan import PlanError
 from jaxscale.parallel import layouts
 from jaxscale.parallel import step as steplib
 
@@ -187,8 +189,8 @@ def _local_shapes(shapes, specs, plan):
     return jax.tree.map(local, shapes, specs, is_leaf=lambda x: isinstance(x, P))
 
 
-def check_divisible(cfg: model_config.ModelConfig, plan) -> None:
-    from jaxscale.parallel.plan import PlanError
+def check_divisible(cfg: ModelConfig, plan) -> None:
+    """Refuse a plan whose tp, pp x virtual, cp or sp does not divide the model's shape."""
     v = plan.virtual
     if cfg.n_heads % plan.tp or cfg.d_ff % plan.tp:
         raise PlanError(f"tp={plan.tp} must divide the heads ({cfg.n_heads}) and the MLP "
@@ -269,7 +271,6 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
                     else modellib.sequence(model_cfg, mb["tokens"]))
 
         def nll(prm, mb):
-            from jaxscale.model.loss import logits_nll_and_count
             if plan.zero_stage == 3:  # prm: my dp slices of my tp shards, gathered per unit
                 logits = forward_gathered(prm, mb["tokens"], plan.remat, layout.fetch,
                                           plan.attention, plan.unroll, tp_axis, sequence(mb))

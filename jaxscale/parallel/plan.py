@@ -8,23 +8,19 @@
     Plan(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=1)   3-D
     Plan(dp=2, cp=2, tp=2)                ... the sequence split over cp (ring attention)
 
-Every field is validated before anything compiles. `build_train_step(model_cfg, plan,
-optimizer)` returns (init, step); the training loop never branches on the strategy. Tensor
-and pipeline parallelism, ZeRO and recomputation are fields of the same Plan: data.py,
-zero.py and hybrid.py (tensor + pipeline.py + context.py) build their steps.
+Every field is validated before anything compiles. `parallel.build.build_train_step(
+model_cfg, plan, optimizer)` returns (init, step); the training loop never branches on the
+strategy. Tensor and pipeline parallelism, ZeRO and recomputation are fields of the same
+Plan.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import optax
-from flax import nnx
 
-from jaxscale.model import attention, transformer as modellib, precision
+from jaxscale.model import attention, precision, transformer as modellib
+from jaxscale.parallel import schedules as sched
 from jaxscale.runtime import mesh as meshlib
-from jaxscale.model import config as model_config
-from jaxscale.parallel import layouts
-from jaxscale.parallel import step as steplib
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 REMAT_POLICIES = tuple(modellib.REMAT_POLICIES)
@@ -109,7 +105,6 @@ class Plan:
                 f"= {self.dp} x {self.micro_batches}; use a batch that is a multiple of "
                 f"{self.dp * self.micro_batches}")
         if self.pp > 1 or self.virtual > 1:
-            from jaxscale.parallel import schedules as sched
             try:
                 sched.check_sizes(self.schedule, self.pp, self.micro_batches, self.virtual)
             except sched.ScheduleError as e:
@@ -191,44 +186,3 @@ LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "zero": "zero_sta
                "remat": "remat", "precision": "precision", "attention": "attention",
                "unroll": "unroll", "sp": "sequence_parallel"}
 
-
-def build_train_step(model_cfg: model_config.ModelConfig, plan: Plan,
-                     optimizer: optax.GradientTransformation, devices=None):
-    """(init, step) for `plan`: init(params32) -> state; step(state, batch) -> (state, metrics).
-
-    Plan() runs on one device; every other plan runs in one shard_map over a mesh of
-    `devices` (default: the first plan.n_devices of jax.devices()): data parallel (data.py),
-    ZeRO (zero.py), or with tp / pp / cp (hybrid.py).
-    """
-    plan.validate()
-    import jax
-    for platform in {d.platform for d in (jax.devices() if devices is None else devices)}:
-        try:
-            attention.check_kernel(plan.attention, platform)
-        except attention.KernelError as e:
-            raise PlanError(str(e)) from None
-    graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat,
-                                              attention=plan.attention, unroll=plan.unroll))
-    pol = precision.policy(plan.precision)
-    abstract = modellib.abstract(model_cfg)
-    shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    if model_cfg.document_mask and (plan.attention == "cudnn" or plan.pp > 1 or (
-            plan.zero_stage == 3 and plan.n_devices == plan.dp)):
-        raise PlanError(f"the model masks attention to documents, which {plan.layout()} does "
-                        "not yet: use attention einsum or xla, no pipeline, and ZeRO-3 only "
-                        "with tp or cp")
-    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:  # (sequence parallel needs tp > 1)
-        from jaxscale.parallel.hybrid import build_hybrid
-        return build_hybrid(model_cfg, graphdef, plan, optimizer, pol, shapes,
-                            modellib.logical_axes(abstract), devices)
-    if plan.zero_stage:
-        from jaxscale.parallel.zero import build_zero
-        return build_zero(graphdef, plan, optimizer, pol, shapes, devices)
-    from jaxscale.parallel.data_parallel import ShardedStep, build_data_parallel
-    if plan.n_devices == 1 and plan.micro_batches == 1:  # the reference: a plain jit
-        from jaxscale.parallel.canonical import Canonical
-        canonical = Canonical(layouts.Replicated(), optimizer, pol, shapes, None)
-        step = ShardedStep(None, steplib.make_step(graphdef, optimizer, pol),
-                           canonical=canonical)
-        return (lambda params32: steplib.init_state(params32, optimizer, pol)), step
-    return build_data_parallel(graphdef, plan, optimizer, pol, shapes, devices)

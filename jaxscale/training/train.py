@@ -26,7 +26,8 @@ from jaxscale.training import spikes
 from jaxscale.training.checkpoint.manager import Checkpointer, CheckpointOptions, run_meta
 from jaxscale.data.sampler import StepBatches
 from jaxscale.model.loss import loss_fn, nll_and_count  # noqa: F401  (re-exported)
-from jaxscale.parallel.plan import Plan, build_train_step
+from jaxscale.parallel.plan import Plan
+from jaxscale.parallel.build import build_train_step
 from jaxscale.report import Progress, plot_loss_curve
 from jaxscale.model import config as model_config
 from jaxscale.parallel import step as steplib
