@@ -6,7 +6,7 @@ waits. A child that dies (a signal such as SIGKILL, an abort, any exit code but 
 input) and 130 (Ctrl-C)) is started again, at most R times, with --resume when the
 checkpoint directory holds a complete step by then, so it continues from the latest one;
 faults injected with --inject fire once per run, so the restarted run does not crash at the
-same step again (jaxscale.training.spikes.FaultLog). Ctrl-C goes to the child alone, once; nothing
+same step again (jaxscale.training.faults.FaultLog). Ctrl-C goes to the child alone, once; nothing
 is restarted after it. Each attempt's start, end and exit code are kept for the failure
 experiment (experiments/failures.py), which measures the time a restart costs from them.
 """

@@ -15,7 +15,8 @@ import numpy as np
 import optax
 
 from jaxscale import garden
-from jaxscale.training.train import as_arrays, loss_fn, nll_and_count
+from jaxscale.training.reference import as_arrays
+from jaxscale.model.loss import loss_fn, nll_and_count
 
 
 def _stack(batches: list[dict]) -> dict:
