@@ -43,6 +43,8 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale.model import attention as attentionlib
+from jaxscale.model.transformer import document_ids
+from jaxscale.parallel.vma import vary, varying_axes
 
 AXIS = "cp"
 COLLECTIVE = "collective"  # jaxscale.model.transformer.COLLECTIVE (a remat policy may keep these)
@@ -160,7 +162,6 @@ def _half(x, lo, hi):
 
 
 def _vary_like(x, like):
-    from jaxscale.parallel.pipeline import varying_axes, vary
     return vary(x, tuple(sorted(varying_axes(like))))
 
 
@@ -232,7 +233,6 @@ def prepare(batch: dict, cp: int, layout: str = "zigzag", document_mask: bool = 
     """The step's batch (whole rows, under jit) made ready for the ring: each token's
     document id added when attention is masked to documents (computed on whole rows,
     before the split), then every [B, T] array in `sequence_order`."""
-    from jaxscale.model.transformer import document_ids
     if document_mask:
         batch = {**batch, "segments": document_ids(batch["tokens"])}
     if cp == 1:

@@ -30,58 +30,50 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxscale.model import precision
 from jaxscale.model.loss import nll_and_count
 from jaxscale.parallel.canonical import Canonical
+from jaxscale.parallel import layouts, step as steplib
+from jaxscale.parallel.axes import DP as AXIS
+from jaxscale.parallel.layouts import GradReduction, Replicated
 from jaxscale.runtime import mesh as meshlib
-from jaxscale.parallel import layouts
-from jaxscale.parallel import step as steplib
-
-AXIS = "dp"
 
 
 def _split_micro_batches(batch: dict, m: int) -> dict:
     return jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
 
 
-def own_copy(params):
-    """Each device's own copy of replicated parameters, to differentiate locally."""
-    return jax.tree.map(lambda p: lax.pcast(p, AXIS, to="varying"), params)
-
-
-def accumulated_value_and_grad(nll, micro_batches: int, per_micro, after, like, own=own_copy,
+def accumulated_value_and_grad(nll, micro_batches: int, reduction: GradReduction,
                                batch_axes=AXIS):
-    """The gradient function shared by plain DP and ZeRO, run inside shard_map.
+    """The gradient function shared by plain DP, ZeRO and the non-pipelined mesh layouts,
+    run inside shard_map.
 
-    Each device differentiates `own(params)` (its own copy; ZeRO-3: its slices) on its
-    micro-batches, `nll(params, micro_batch)[0]` (an NLL sum) divided by the GLOBAL token
-    count. `per_micro` reduces every micro-batch's gradients as they come (identity, or
-    ZeRO-2's reduce-scatter), `after` reduces their sum once per step (the all-reduce,
-    ZeRO-1's reduce-scatter, or nothing); `like(params)` shapes the accumulator. Returns
-    (global loss, reduced gradients). `batch_axes`: the mesh axes the batch's tokens are
-    split over (dp; with context parallelism dp and cp).
+    Each device differentiates `reduction.own(params)` (its own copy; ZeRO-3: its slices)
+    on its micro-batches, `nll(params, micro_batch)[0]` (an NLL sum) divided by the GLOBAL
+    token count, and reduces the gradients as the layout's `reduction` says: each
+    micro-batch's as they come, or their sum once per step, into an accumulator shaped to
+    match. Returns (global loss, reduced gradients). `batch_axes`: the mesh axes the
+    batch's tokens are split over (dp; with context parallelism dp and cp).
     """
     def grad_fn(params, batch, multiplier):
         count = lax.psum(jnp.sum(batch["mask"]), batch_axes)
-        mine = own(params)
+        mine = reduction.own(params)
 
         def micro(acc, mb):
             def f(p):
                 s = nll(p, mb)[0] / count
                 return (s if multiplier is None else s * multiplier), s
             (_, s), g = jax.value_and_grad(f, has_aux=True)(mine)
-            return jax.tree.map(jnp.add, acc, (s, per_micro(g))), None
+            return jax.tree.map(jnp.add, acc, (s, reduction.per_micro(g))), None
 
         zeros = (lax.pcast(jnp.float32(0), batch_axes, to="varying"),
-                 jax.tree.map(jnp.zeros_like, like(mine)))
+                 jax.tree.map(jnp.zeros_like, reduction.accumulator(mine)))
         (loss, grads), _ = lax.scan(micro, zeros, _split_micro_batches(batch, micro_batches))
-        return lax.psum(loss, batch_axes), after(grads)
+        return lax.psum(loss, batch_axes), reduction.per_step(grads)
     return grad_fn
 
 
 def dp_value_and_grad(graphdef, micro_batches: int = 1):
     """Plain data parallelism: accumulate whole gradients, then one all-reduce per step."""
-    identity = lambda tree: tree  # noqa: E731
     return accumulated_value_and_grad(partial(nll_and_count, graphdef), micro_batches,
-                                      per_micro=identity,
-                                      after=lambda g: lax.psum(g, AXIS), like=identity)
+                                      Replicated().reduction())
 
 
 class ShardedStep:

@@ -3,10 +3,74 @@ canonical form (whole tensors in the model's own layer order) that checkpoints h
 
 `Replicated` is the base: everything whole on every device. Sharded layouts (ZeRO's flat
 slices in `parallel.zero`, the mesh layouts in `parallel.hybrid`) override its methods.
+
+A layout also says how its gradients are reduced (`reduction`): with what collective over
+dp, when, and so what the accumulator of a micro-batch scan holds. These three answers
+belong together (stage 2's per-micro-batch reduce-scatter with stage 1's once-per-step
+one would multiply the gradient by dp), so they come as one `GradReduction`, and the
+accumulator's shape is derived from them, never given.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
 import optax
+from jax import lax
+
+from jaxscale.parallel.axes import DP
+
+
+def identity(tree):
+    """The tree unchanged: a reduction autodiff has done already, or nothing to own."""
+    return tree
+
+
+@dataclass(frozen=True)
+class GradReduction:
+    """How gradients computed on each device become the ones its optimizer applies.
+
+    reduce       the sum over dp: an all-reduce, or a reduce-scatter to this device's
+                 slice (ZeRO); None when autodiff has done it (ZeRO-3: the transposes of
+                 the parameter all-gathers are reduce-scatters)
+    every_micro  reduce every micro-batch's (or pipeline tick's) gradients as they come
+                 (ZeRO-2: only slices are accumulated) instead of their sum once per step
+    owned        the reduced gradients' layout, from the tree each device differentiates
+    own          what each device differentiates: its own copy of the parameters
+    then         applied after the per-step reduction (the sum over the axes that split
+                 the sequence, `parallel.hybrid`)
+    """
+
+    reduce: Callable | None
+    every_micro: bool = False
+    owned: Callable = identity
+    own: Callable = identity
+    then: Callable = identity
+
+    def per_micro(self, grads):
+        """A micro-batch's (or tick's) gradients, reduced now or kept for the step's sum."""
+        return self.reduce(grads) if self.reduce is not None and self.every_micro else grads
+
+    def per_step(self, grads):
+        """The accumulated gradients, reduced once per step (unless done per micro-batch)."""
+        if self.reduce is not None and not self.every_micro:
+            grads = self.reduce(grads)
+        return self.then(grads)
+
+    def accumulator(self, mine):
+        """The zeros a micro-batch scan adds into: shaped like what per_micro returns."""
+        return self.owned(mine) if self.reduce is not None and self.every_micro else mine
+
+
+def psum_dp(grads):
+    """The all-reduce over dp: every device ends with the sum of every device's gradients."""
+    return jax.tree.map(lambda g: lax.psum(g, DP), grads)
+
+
+def own_copy(params):
+    """Each device's own copy of replicated parameters, to differentiate locally."""
+    return jax.tree.map(lambda p: lax.pcast(p, DP, to="varying"), params)
 
 
 class Replicated:
@@ -17,6 +81,11 @@ class Replicated:
     parameters from the updated slices, and the reductions make per-slice flags and sums
     global.
     """
+
+    def reduction(self) -> GradReduction:
+        """Replicated over dp: each device differentiates its own copy, one all-reduce per
+        step sums them."""
+        return GradReduction(psum_dp, own=own_copy)
 
     def target(self, params):
         return params

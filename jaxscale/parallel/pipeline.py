@@ -22,6 +22,7 @@ selected with `where`: simple, and cheap next to the blocks in real models.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,9 @@ from jax import lax
 from jaxscale.model import transformer as modellib
 from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel import schedules as sched
+from jaxscale.parallel.axes import DP, PP
+from jaxscale.parallel.layouts import GradReduction
+from jaxscale.parallel.vma import vary, varying_axes, zeros_like
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 
@@ -109,50 +113,41 @@ def tick_table(schedule: str, p: int, m: int, v: int = 1) -> TickTable:
                      gslots=max(1, max(n for _, n in gslot_maps)))
 
 
-def varying_axes(x) -> frozenset:
-    """The mesh axes over which x (inside shard_map) may differ from device to device."""
-    aval = jax.typeof(x)
-    return frozenset(aval.manual_axis_type.varying if hasattr(aval, "manual_axis_type")
-                     else aval.vma)
+class Tick(NamedTuple):
+    """One device's row of the tick table: what it does at this tick and where its data
+    waits (see TickTable)."""
+
+    kind: jax.Array  # IDLE, FORWARD or BACKWARD
+    micro: jax.Array
+    chunk: jax.Array
+    slot: jax.Array
+    gslot: jax.Array
+    recv: jax.Array
+    grecv: jax.Array
 
 
-def vary(x, axes):
-    """x marked as varying over `axes` (those it does not vary over yet): each device then
-    differentiates or reduces its own copy, and no implicit collective is inserted."""
-    missing = tuple(a for a in axes if a not in varying_axes(x))
-    return lax.pcast(x, missing, to="varying") if missing else x
-
-
-def _zeros_like(x):
-    """Zeros with x's shape, dtype and device-variance (lax.switch branches must agree)."""
-    z = jnp.zeros(x.shape, x.dtype)
-    return vary(z, tuple(sorted(varying_axes(x))))
-
-
-def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp",
-                            tp_axis=None, replicated_over_pp, dp_reduce=None, per_tick=None,
-                            like=None, units=None, d_model=None):
-    """grad_fn for precision.make_step running the pipeline (see the module docstring).
+def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
+                            replicated_over_pp, pp_axis=PP, dp_axis=DP, tp_axis=None,
+                            units=None, d_model=None):
+    """grad_fn for steplib.make_step running the pipeline (see the module docstring).
 
     `params` arrive with the blocks' layer axis split over pp (this device's v chunks, in
-    order) and everything else whole. Returns (global loss, gradients summed over dp, and
-    over pp for the parameters every stage holds: embeddings and the final LayerNorm).
-    `dp_reduce(grads)` replaces the dp all-reduce (ZeRO-1: a reduce-scatter to slices;
-    ZeRO-2: nothing, as `per_tick` reduce-scatters each backward tick's gradients at once
-    and the accumulator holds only this device's slices, shaped `like(params)`: the dp
-    replicas of a stage run the same ticks, so they meet in the same branch).
-    `units`: (embed, layers, head) on this device's parameters (ZeRO-3: on its slices,
-    each unit gathering what it uses: zero.gathered_units); default the model's own.
-    `d_model`: the activations' width (default: the token embedding's, when it is whole).
+    order) and everything else whole. Returns (global loss, gradients reduced over dp as
+    the layout's `reduction` says, and summed over pp for the parameters every stage holds:
+    embeddings and the final LayerNorm). With ZeRO-2 each backward tick's gradients are
+    reduce-scattered at once (`reduction.per_micro`) and the accumulator holds only this
+    device's slices: the dp replicas of a stage run the same ticks, so they meet in the
+    same branch. `units`: (embed, layers, head) on this device's parameters (ZeRO-3: on
+    its slices, each unit gathering what it uses: zero.gathered_units); default the
+    model's own. `d_model`: the activations' width (default: the token embedding's).
     """
-    per_tick = per_tick or (lambda g: g)
-    like = like or (lambda t: t)
     embed, layers, head = units or (
         modellib.embed,
         lambda blocks, h: modellib.layers(blocks, h, plan.remat, tp_axis,
                                           attention=plan.attention, unroll=plan.unroll),
         modellib.head)
     p, m, v = plan.pp, plan.micro_batches, plan.virtual
+    rows = Tick(*(jnp.asarray(getattr(table, f)) for f in Tick._fields))
 
     def grad_fn(params, batch, multiplier):
         stage = lax.axis_index(pp_axis)
@@ -163,7 +158,6 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
         # are fine there: a stage's tp group always takes the same branch)
         mine = jax.tree.map(lambda x: vary(x, (dp_axis, pp_axis)), params)
         per_chunk = jax.tree.leaves(params["blocks"])[0].shape[0] // v
-        ct = jnp.float32(1.0) if multiplier is None else multiplier
 
         def stage_fn(prm, x, mb, chunk):
             first, last = (stage == 0) & (chunk == 0), (stage == p - 1) & (chunk == v - 1)
@@ -174,50 +168,55 @@ def pipeline_value_and_grad(plan, table: TickTable, *, pp_axis="pp", dp_axis="dp
             nll = logits_nll_and_count(head(prm, h), mb)[0] / count
             return h, jnp.where(last, nll, 0.0)
 
-        def tick(carry, row):
-            stash, gstash, grads, loss = carry
-            kind, j, chunk, slot, gslot, recv, grecv = (r[stage] for r in row)
-            mb = jax.tree.map(lambda x: x[j], mbs)
-            x = stash[slot]
-            last = (stage == p - 1) & (chunk == v - 1)  # its output feeds the loss, not a stage
-            dy = jnp.where(last, jnp.zeros_like(gstash[gslot]), gstash[gslot])
-
-            def idle():
-                return _zeros_like(x), _zeros_like(x), jax.tree.map(_zeros_like, grads), \
-                    _zeros_like(loss)
-
-            def forward():
-                y, loss_j = stage_fn(mine, x, mb, chunk)
-                return y, _zeros_like(x), jax.tree.map(_zeros_like, grads), loss_j
-
-            def backward():
-                (_, loss_j), vjp = jax.vjp(lambda prm, h: stage_fn(prm, h, mb, chunk), mine, x)
-                d_params, dx = vjp((dy, vary(ct.astype(loss_j.dtype),
-                                             tuple(sorted(varying_axes(loss_j))))))
-                return _zeros_like(x), dx, per_tick(d_params), _zeros_like(loss)
-
-            y, dx, d_params, loss_j = lax.switch(kind, [idle, forward, backward])
-            ring = [(i, (i + 1) % p) for i in range(p)]
-            y_in = lax.ppermute(y, pp_axis, ring)  # to the next stage
-            dx_in = lax.ppermute(dx, pp_axis, [(b, a) for a, b in ring])  # to the previous
-            stash = jnp.where(recv >= 0, stash.at[jnp.maximum(recv, 0)].set(y_in), stash)
-            gstash = jnp.where(grecv >= 0, gstash.at[jnp.maximum(grecv, 0)].set(dx_in), gstash)
-            return (stash, gstash, jax.tree.map(jnp.add, grads, d_params), loss + loss_j), None
-
+        tick = _tick_fn(stage_fn, stage, mine, mbs, p, v, pp_axis, reduction,
+                        jnp.float32(1.0) if multiplier is None else multiplier)
         b, t = mbs["tokens"].shape[1:]
         d = d_model or params["tok_embed"].shape[-1]
         act = vary(jnp.zeros((b, t, d), params["tok_embed"].dtype), (dp_axis, pp_axis))
         carry = (jnp.zeros((table.slots, *act.shape), act.dtype) + act,
                  jnp.zeros((table.gslots, *act.shape), act.dtype) + act,
-                 jax.tree.map(_zeros_like, like(mine)),
-                 _zeros_like(act.sum()).astype(jnp.float32))
-        rows = tuple(jnp.asarray(a) for a in (table.kind, table.micro, table.chunk, table.slot,
-                                             table.gslot, table.recv, table.grecv))
+                 jax.tree.map(zeros_like, reduction.accumulator(mine)),
+                 zeros_like(act.sum()).astype(jnp.float32))
         (_, _, grads, loss), _ = lax.scan(tick, carry, rows)
-        grads = (jax.tree.map(lambda g: lax.psum(g, dp_axis), grads) if dp_reduce is None
-                 else dp_reduce(grads))
         grads = jax.tree.map(lambda g, shared: lax.psum(g, pp_axis) if shared else g,
-                             grads, replicated_over_pp)
+                             reduction.per_step(grads), replicated_over_pp)
         return lax.psum(loss, (dp_axis, pp_axis)), grads
 
     return grad_fn
+
+
+def _tick_fn(stage_fn, stage, mine, mbs, p, v, pp_axis, reduction, ct):
+    """The scan body: this device's action at one tick (idle, F or B, under lax.switch),
+    then the activation it produced goes to the next stage and the input gradient to the
+    previous one (a ring: with interleaving the last device feeds device 0's next chunk)."""
+    def tick(carry, row):
+        stash, gstash, grads, loss = carry
+        now = Tick(*(r[stage] for r in row))
+        mb = jax.tree.map(lambda x: x[now.micro], mbs)
+        x = stash[now.slot]
+        last = (stage == p - 1) & (now.chunk == v - 1)  # its output feeds the loss, not a stage
+        dy = jnp.where(last, jnp.zeros_like(gstash[now.gslot]), gstash[now.gslot])
+
+        def idle():
+            return zeros_like(x), zeros_like(x), jax.tree.map(zeros_like, grads), \
+                zeros_like(loss)
+
+        def forward():
+            y, loss_j = stage_fn(mine, x, mb, now.chunk)
+            return y, zeros_like(x), jax.tree.map(zeros_like, grads), loss_j
+
+        def backward():
+            (_, loss_j), vjp = jax.vjp(lambda prm, h: stage_fn(prm, h, mb, now.chunk), mine, x)
+            d_params, dx = vjp((dy, vary(ct.astype(loss_j.dtype),
+                                         tuple(sorted(varying_axes(loss_j))))))
+            return zeros_like(x), dx, reduction.per_micro(d_params), zeros_like(loss)
+
+        y, dx, d_params, loss_j = lax.switch(now.kind, [idle, forward, backward])
+        ring = [(i, (i + 1) % p) for i in range(p)]
+        y_in = lax.ppermute(y, pp_axis, ring)  # to the next stage
+        dx_in = lax.ppermute(dx, pp_axis, [(b, a) for a, b in ring])  # to the previous
+        stash = jnp.where(now.recv >= 0, stash.at[jnp.maximum(now.recv, 0)].set(y_in), stash)
+        gstash = jnp.where(now.grecv >= 0,
+                           gstash.at[jnp.maximum(now.grecv, 0)].set(dx_in), gstash)
+        return (stash, gstash, jax.tree.map(jnp.add, grads, d_params), loss + loss_j), None
+    return tick

@@ -60,7 +60,7 @@ def _times(x, factor):
     changes the plain step's bits: XLA fuses it with the ops that made x and rounds them
     differently. Through a select the step stays bit-identical to the plain one; measured,
     tests/test_spikes.py. A factor on the gradients did not, even so: a NaN fault is
-    injected through the batch instead, jaxscale.training.spikes.poison.)"""
+    injected through the batch instead, jaxscale.training.faults.poison.)"""
     return jnp.where(factor == 1, x, (x * factor).astype(x.dtype))
 
 

@@ -37,134 +37,20 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale.model import transformer as modellib, precision
 from jaxscale.model.loss import logits_nll_and_count, nll_and_count
 from jaxscale.parallel.canonical import Canonical
-from jaxscale.parallel.data_parallel import (AXIS, ShardedStep, accumulated_value_and_grad,
-    shard_step)
-from jaxscale.runtime import mesh as meshlib
-from jaxscale.parallel import layouts
 from jaxscale.parallel import step as steplib
+from jaxscale.parallel.data_parallel import ShardedStep, accumulated_value_and_grad, shard_step
+from jaxscale.parallel.zero_layout import ZeroLayout, is_stacked, padded_size, zero_layout
+from jaxscale.runtime import mesh as meshlib
 
-STACKED = "blocks"  # the parameter subtree whose leaves carry a leading layers axis
 
 
 class ZeroError(ValueError):
     """An optimizer or plan that ZeRO cannot shard."""
-
-
-def _is_stacked(path) -> bool:
-    return getattr(path[0], "key", None) == STACKED
-
-
-def _padded(n: int, k: int) -> int:
-    return -(-n // k) * k
-
-
-class ZeroLayout(layouts.Replicated):
-    """Flat, padded, K-way sliced copies of the parameters (see the module docstring)."""
-
-    def __init__(self, shapes, k: int, stage: int):
-        self.shapes, self.k, self.stage = shapes, k, stage  # shapes: tree of ShapeDtypeStruct
-
-    def flatten(self, tree):
-        """Whole tensors -> [K*c] vectors, or [L, K*c] for block parameters (zero-padded)."""
-        return jax.tree.map_with_path(lambda path, x: self.flat(x, _is_stacked(path)), tree)
-
-    def unflatten(self, flat):
-        """The inverse of flatten (on whole, gathered arrays)."""
-        return jax.tree.map(lambda f, s: self.whole(f, s.shape), flat, self.shapes)
-
-    def flat(self, x, stacked: bool):
-        """One whole tensor -> its padded flat form ([L, K*c] if `stacked`)."""
-        rows = x.reshape(x.shape[0], -1) if stacked else x.reshape(-1)
-        n = rows.shape[-1]
-        return jnp.pad(rows, [(0, 0)] * (rows.ndim - 1) + [(0, _padded(n, self.k) - n)])
-
-    @staticmethod
-    def whole(f, shape):
-        """One padded flat tensor -> its whole `shape` (the padding dropped)."""
-        per = math.prod(shape[1:]) if f.ndim == 2 else math.prod(shape)
-        return f[..., :per].reshape(shape)
-
-    # the canonical form: the flat global arrays are exactly flatten(whole), so converting
-    # is a slice and a reshape, and back a reshape and a pad
-    def canonical_spec(self, info):
-        """Split the whole tensor over dp along its first dimension after the layers axis
-        when dp divides it: device i's flat slice is then exactly its rows of that
-        dimension, and the conversion is a reshape on each device, with no communication.
-        Otherwise (a dimension dp does not divide, padding) it is spread as usual."""
-        lead = 1 if info.stacked else 0
-        if len(info.shape) > lead and info.shape[lead] % self.k == 0:
-            return P(*([None] * lead), AXIS)
-        return None
-
-    def copy_to_canonical(self, f, info):
-        return self.whole(f, info.shape)
-
-    def copy_from_canonical(self, x, info):
-        return self.flat(x, info.stacked)
-
-    def params_to_canonical(self, x, info):
-        return self.copy_to_canonical(x, info) if self.stage == 3 else x
-
-    def params_from_canonical(self, x, info):
-        return self.copy_from_canonical(x, info) if self.stage == 3 else x
-
-    @staticmethod
-    def spec(leaf) -> P:
-        """Where a flattened leaf lives: its last axis split over dp; scalars replicated."""
-        return P(*([None] * (leaf.ndim - 1)), AXIS) if leaf.ndim else P()
-
-    def full_params(self, params):
-        """Whole parameters from a state's `params` (for evaluation; runs outside shard_map)."""
-        return self.unflatten(params) if self.stage == 3 else params
-
-    # the rest runs inside shard_map, on one device's view
-    def target(self, params):
-        if self.stage == 3:  # the working parameters are already this device's slices
-            return params
-        return self.owned(params)
-
-    def owned(self, params):
-        """Whole tensors -> this device's flat slices (inside shard_map)."""
-        i = lax.axis_index(AXIS)
-        return jax.tree.map(lambda f: lax.dynamic_slice_in_dim(f, i * (f.shape[-1] // self.k),
-                                                               f.shape[-1] // self.k, axis=-1),
-                            self.flatten(params))
-
-    def params(self, updated):
-        if self.stage == 3:
-            return updated
-        gathered = jax.tree.map(
-            lambda s: lax.all_gather(s, AXIS, axis=s.ndim - 1, tiled=True, to="invarying"),
-            updated)
-        return self.unflatten(gathered)
-
-    def fetch(self, unit, layer: bool):
-        """Stage 3: one unit's slices -> its whole tensors (`layer`: one block's, [c] each).
-
-        all_gather returns a "varying" value, so its transpose in the backward pass is a
-        psum_scatter: the gradient of a slice is the sum over devices of that slice.
-        """
-        shapes = self.shapes[STACKED] if layer else {name: self.shapes[name] for name in unit}
-
-        def whole(s, shape):
-            dims = shape.shape[1:] if layer else shape.shape
-            return lax.all_gather(s, AXIS, tiled=True)[:math.prod(dims)].reshape(dims)
-        return jax.tree.map(whole, unit, shapes)
-
-    def all_finite(self, flag):
-        return lax.pmin(flag.astype(jnp.int32), AXIS).astype(bool)
-
-    def global_sum(self, x):
-        return lax.psum(x, AXIS)
-
-    def norm(self, tree):
-        return jnp.sqrt(lax.psum(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(tree)), AXIS))
 
 
 def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum",
@@ -231,31 +117,17 @@ def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = 
 
 def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat: str = "none",
                         attention: str = "einsum", unroll: bool = False):
-    """grad_fn for steplib.make_step: (global loss, this device's slice of the gradients).
-
-    Stage 1 accumulates whole gradients and reduce-scatters them once; stage 2
-    reduce-scatters every micro-batch's gradients at once and accumulates only slices;
-    stage 3 differentiates the slices themselves (the gathers' transposes scatter).
-    """
-    identity = lambda tree: tree  # noqa: E731
+    """grad_fn for steplib.make_step: (global loss, this device's slice of the gradients),
+    reduced as the layout's stage says (`layout.reduction()`). Stage 3 differentiates the
+    slices themselves, each unit's parameters gathered where it runs."""
     if layout.stage == 3:
         def nll(slices, mb):
             logits = forward_gathered(slices, mb["tokens"], remat, layout.fetch, attention,
                                       unroll)
             return logits_nll_and_count(logits, mb)
-        return accumulated_value_and_grad(nll, micro_batches, per_micro=identity,
-                                          after=identity, like=identity, own=identity)
-
-    def scatter(grads):  # sum over devices, keep my slice: the reduce-scatter
-        return jax.tree.map(lambda f: lax.psum_scatter(f, AXIS, scatter_dimension=f.ndim - 1,
-                                                       tiled=True), layout.flatten(grads))
-
-    nll = partial(nll_and_count, graphdef)
-    if layout.stage == 2:
-        return accumulated_value_and_grad(nll, micro_batches, per_micro=scatter,
-                                          after=identity, like=layout.target)
-    return accumulated_value_and_grad(nll, micro_batches, per_micro=identity,
-                                      after=scatter, like=identity)
+    else:
+        nll = partial(nll_and_count, graphdef)
+    return accumulated_value_and_grad(nll, micro_batches, layout.reduction())
 
 
 def check_elementwise(opt_state, target, who: str = "ZeRO") -> None:
@@ -274,7 +146,7 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
     """(init, step) for plan.zero_stage in (1, 2, 3) on a dp mesh."""
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = meshlib.make_mesh(plan.mesh_shape, devices)
-    layout = ZeroLayout(param_shapes, plan.dp, plan.zero_stage)
+    layout = zero_layout(param_shapes, plan.dp, plan.zero_stage)
     update = steplib.make_step(
         graphdef, optimizer, pol, jit=False, layout=layout,
         grad_fn=zero_value_and_grad(graphdef, layout, plan.micro_batches, plan.remat,
@@ -330,9 +202,9 @@ def stage3_ring_bytes(shapes, k: int, itemsize: int,
     for path, s in jax.tree_util.tree_leaves_with_path(shapes):
         keys = [p.key for p in path]
         name = ".".join(keys[-2:]) if keys[-1] in ("scale", "bias") else keys[-1]
-        layers = s.shape[0] if _is_stacked(path) else 1
+        layers = s.shape[0] if is_stacked(path) else 1
         n = math.prod(s.shape) // layers
-        padded = ring * _padded(n, k) * itemsize * layers
+        padded = ring * padded_size(n, k) * itemsize * layers
         fwd, bwd = FORWARD_UNITS.get(name, 1), backward.get(name, 1)
         out["all_gather"] += (fwd + bwd) * padded
         out["reduce_scatter"] += fwd * padded
