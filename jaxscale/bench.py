@@ -29,11 +29,12 @@ from flax import nnx
 
 from jaxscale.model import flops as flopslib, transformer as modellib, precision
 from jaxscale import garden
-from jaxscale.measure import hardware, hlo as measure
+from jaxscale.measure import hardware, memory
 from jaxscale.runtime import profiling
 from jaxscale.parallel.plan import Plan
 from jaxscale.parallel.build import build_train_step
 from jaxscale.model import config as model_config
+from jaxscale.training.config import make_optimizer
 
 
 class BenchError(ValueError):
@@ -131,7 +132,6 @@ def run(cfg: BenchConfig, device=None, matmul_peak: hardware.MatmulPeak | None =
     device = device or jax.devices()[0]
     mcfg = model_config.preset(cfg.model)
     plan = cfg.plan()
-    from jaxscale.training.train import make_optimizer
     optimizer = make_optimizer("adamw", 1e-4)
     init, step = build_train_step(mcfg, plan, optimizer, [device])
     with jax.default_device(device):
@@ -165,4 +165,4 @@ def run(cfg: BenchConfig, device=None, matmul_peak: hardware.MatmulPeak | None =
         cfg, device.device_kind, device.platform, compile_s, step_s, times, rate, count,
         count.total * rate, np.dtype(dtype).name, peak, hardware.mfu(count.total, rate, peak),
         mm, hardware.mfu(count.total, rate, mm), hardware.mfu(count.total_causal, rate, peak),
-        None if xla is None else xla / tokens, measure.memory(compiled), _allocator_peak(device))
+        None if xla is None else xla / tokens, memory.memory(compiled), _allocator_peak(device))

@@ -17,6 +17,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+from matplotlib.ticker import MaxNLocator
+
+from jaxscale.report import pyplot, save_figure
+
 REFERENCE = "single"  # the row every loss is compared with
 ZERO_FLOOR = 1e-9  # where an exact 0 is drawn on the log scale when nothing differs
 
@@ -24,8 +29,6 @@ ZERO_FLOOR = 1e-9  # where an exact 0 is drawn on the log scale when nothing dif
 def charts(result: dict, out: Path) -> dict:
     """Write memory.png, bytes.png and losses.png (when the single device ran) into `out`;
     returns the figures by name (saved and closed, their artists still readable)."""
-    from jaxscale.report import save_figure
-
     ok = [r for r in result["rows"] if r.get("status", "ok") == "ok"]
     failed = [r["name"] for r in result["rows"] if r.get("status", "ok") != "ok"]
     note = f"\nfailed, not drawn: {', '.join(failed)}" if failed else ""
@@ -59,9 +62,6 @@ def _short(x: float) -> str:
 
 def memory_figure(rows: list[dict], note: str = ""):
     """Stacked bars per strategy: measured (left) and predicted (right), same components."""
-    import numpy as np
-
-    from jaxscale.report import pyplot
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(_width(rows), 4.2))
     x = np.arange(len(rows))
@@ -99,9 +99,6 @@ def memory_figure(rows: list[dict], note: str = ""):
 
 def bytes_figure(rows: list[dict], note: str = ""):
     """Bytes sent per device per step, HLO vs prediction, log scale; a 0 is written, not drawn."""
-    import numpy as np
-
-    from jaxscale.report import pyplot
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(_width(rows), 4.0))
     x = np.arange(len(rows))
@@ -136,11 +133,7 @@ def bytes_figure(rows: list[dict], note: str = ""):
 def losses_figure(result: dict, rows: list[dict], note: str = ""):
     """Relative loss difference from the single device per step (log), noise and bound;
     the single device's own loss curve beside it."""
-    import numpy as np
-
-    from jaxscale.report import pyplot
     plt = pyplot()
-    from matplotlib.ticker import MaxNLocator
     noise = result["noise"]
     fig, (ax, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.6),
                                       gridspec_kw={"width_ratios": [3, 1]})

@@ -1,5 +1,5 @@
 """`jaxscale compare`'s figures: derived columns, the table, the markdown (charts:
-compare_charts.py; the runs themselves: compare_runner.py).
+charts.py; the runs themselves: run.py and worker.py; a compile-only run: abstract.py).
 
 Under several processes the communication table gains "cross-proc/step": the bytes per device
 per step that leave the process, measured from the HLO's replica groups and the
@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import sys
 
-from jaxscale.compare.run import mesh_label
+import numpy as np
+
+from jaxscale.compare.predict import predict
+from jaxscale.compare.time_model import add_predictions
 from jaxscale.model import config as model_config
+from jaxscale.parallel.plan import Plan
+from jaxscale.report import print_table as show
+from jaxscale.runtime.mesh import MESH_AXES
 
 
 def finish(result: dict) -> None:
@@ -29,7 +35,6 @@ def finish(result: dict) -> None:
         p = r["predicted"]
         r["states_predicted"] = p["states"]["params"] + p["states"]["optimizer"] if p else None
         r["sent_predicted_total"] = sum(p["sent"].values()) if p else None
-    from jaxscale.compare.time_model import add_predictions
     add_predictions(result, model_config.preset(result["model"]))
     if not multiprocess(result):
         return
@@ -66,9 +71,6 @@ def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, floa
     """For each mesh axis, the share of ring hops along it (each device to the next in its
     group, the last back to the first) that join two processes; the plan's devices are the
     first of `device_process`, laid out (dp, pp, cp, tp) as `devices.make_mesh` does."""
-    import numpy as np
-
-    from jaxscale.runtime.mesh import MESH_AXES
     sizes = [plan.get(a, 1) for a in MESH_AXES]
     n = int(np.prod(sizes))
     grid = np.asarray(device_process[:n]).reshape(sizes)
@@ -85,8 +87,6 @@ def predicted_by_axis(cfg, plan: dict, batch_shape: tuple[int, int],
     """compare.predict's bytes per collective, split by the mesh axis each runs over
     (its "sent_by_axis"). None if predict's total is not `sent`, the prediction the row
     recorded (predict changed since: better no prediction than a wrong one)."""
-    from jaxscale.compare.strategies import predict
-    from jaxscale.parallel.plan import Plan
     pred = predict(cfg, Plan(**plan), batch_shape)
     if set(pred["sent"]) != set(sent) or any(
             abs(pred["sent"][op] - v) > 1e-6 * max(v, 1.0) for op, v in sent.items()):
@@ -108,43 +108,6 @@ def predict_cross_process(cfg, plan: dict, batch_shape, device_process: list[int
             if v * share[axis]:
                 out[op] = out.get(op, 0.0) + v * share[axis]
     return out
-
-
-def run_abstract(cfg, plans: dict, devices, batch_size: int) -> list[dict]:
-    """Lower and compile each plan on abstract (never allocated) state; XLA's memory."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from jaxscale.measure import hlo as measure
-    from jaxscale.model import optim
-    from jaxscale.model import transformer as modellib
-    from jaxscale.compare.strategies import predict
-    from jaxscale.parallel.build import build_train_step
-
-    params = nnx.to_pure_dict(nnx.state(modellib.abstract(cfg), nnx.Param))
-    rows = []
-    for i, (name, plan) in enumerate(plans.items()):
-        print(f"[{i + 1}/{len(plans)}] {name}: {mesh_label(plan.as_dict())}, compiling ...",
-              file=sys.stderr, flush=True)
-        init, step = build_train_step(cfg, plan, optim.adamw(3e-3), devices[:plan.n_devices])
-        state = jax.eval_shape(init, params)
-        sharding = step.batch_sharding
-        spec = lambda dt: jax.ShapeDtypeStruct((batch_size, cfg.seq_len), dt,  # noqa: E731
-                                               sharding=sharding)
-        batch = {"tokens": spec(jnp.int32), "targets": spec(jnp.int32),
-                 "mask": spec(jnp.float32)}
-        compiled = step.jitted.lower(state, batch).compile()
-        mem = measure.memory(compiled)
-        pred = predict(cfg, plan, (batch_size, cfg.seq_len))["states"]
-        batch_bytes = 12 * batch_size * cfg.seq_len // plan.dp
-        states = mem["arguments"] - batch_bytes
-        rows.append({"name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
-                     "memory": mem, "states_measured": states,
-                     "states_predicted": pred["params"] + pred["optimizer"],
-                     "rel_diff": states / (pred["params"] + pred["optimizer"]) - 1,
-                     "grads_predicted": pred["grads"]})
-    return rows
 
 
 def _gb(x: float) -> str:
@@ -236,7 +199,6 @@ CROSS_NOTE = ("cross-proc/step: bytes per device per step that leave the process
 def print_table(result: dict) -> None:
     """The table, in two halves that fit a 100-column terminal (correctness and memory;
     communication and time), then the notes."""
-    from jaxscale.report import print_table as show
     cols, rows = table_rows(result)
     title = (f"jaxscale compare: {result['model']} on {_where(result)}"
              + (" (compiled only)" if result.get("abstract") else

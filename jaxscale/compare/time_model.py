@@ -28,20 +28,21 @@ from __future__ import annotations
 import statistics
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxscale.measure.hardware import measure_matmul_peak
+from jaxscale.model.flops import model_flops_per_token, recompute_flops_per_token
+
 LINK_BYTES = 4 * 2**20
 LATENCY_CHAIN = 20
 
 
 def calibrate(devices) -> dict:
     """Measure the FLOP rate of one device and the all-reduce bandwidth over `devices`."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from jaxscale.measure.hardware import measure_matmul_peak
-
     peak = measure_matmul_peak(devices[0], repeats=3)  # n = 1024 on CPU: on the plateau
     out = {"flops_per_s": peak.flops_per_s, "matmul_n": peak.n, "devices": len(devices),
            "platform": devices[0].platform, "bytes_per_s": None}
@@ -79,8 +80,6 @@ def _median_seconds(fn, x, repeats: int = 5) -> float:
 def predicted_step(cfg, plan: dict, batch_size: int, sent_bytes: float | None,
                    calibration: dict, collectives: float = 0) -> dict:
     """compute, comm and step seconds of one row under the calibration (module docstring)."""
-    from jaxscale.model.flops import model_flops_per_token, recompute_flops_per_token
-
     tokens = batch_size * cfg.seq_len
     per_token = (model_flops_per_token(cfg).total
                  + recompute_flops_per_token(cfg, plan.get("remat", "none")))

@@ -1,4 +1,4 @@
-"""Measure what XLA will do: collectives in the HLO, and per-device memory of a compiled step.
+"""Measure what XLA will do: the collectives in a program's HLO, and the bytes they move.
 
 Collectives are read from the lowered, un-optimised HLO (`lowered.as_text(dialect="hlo")`):
 there every psum / ppermute / all_gather of the program is still one op with its own
@@ -179,76 +179,6 @@ def bytes_by_op(hlo_text: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def memory(compiled) -> dict[str, int]:
-    """Per-device bytes of a compiled program, from XLA's memory analysis."""
-    m = compiled.memory_analysis()
-    return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
-            "temporaries": m.temp_size_in_bytes, "aliased": m.alias_size_in_bytes,
-            "peak": getattr(m, "peak_memory_in_bytes", 0)}
-
-
-def step_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> dict[str, float]:
-    """Median and spread (quartiles, min, max) of fn(*args) wall time, after warm-up calls.
-
-    Waits for fn's WHOLE result each time: return all of a step's outputs, not only its
-    loss, or the timing stops early and the next call overlaps the previous one's tail. It
-    also keeps dispatch from running ahead (an XLA CPU device admits 32 computations in
-    flight)."""
-    import time
-
-    import jax
-
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    q1, median, q3 = (float(q) for q in np.quantile(times, [0.25, 0.5, 0.75]))
-    return {"median_s": median, "q1_s": q1, "q3_s": q3, "min_s": min(times),
-            "max_s": max(times), "repeats": repeats}
-
-
-def compile_timed(lowered) -> tuple[object, float, str]:
-    """(compiled, seconds, source): source is "cache" when the persistent compilation
-    cache supplied the executable, "compiled" when XLA compiled it now."""
-    import time
-
-    import jax
-
-    hits = []
-    listener = lambda event, **kw: hits.append(event)  # noqa: E731
-    jax.monitoring.register_event_listener(listener)
-    try:
-        t0 = time.perf_counter()
-        compiled = lowered.compile()
-        seconds = time.perf_counter() - t0
-    finally:
-        jax.monitoring.unregister_event_listener(listener)
-    source = "cache" if "/jax/compilation_cache/cache_hits" in hits else "compiled"
-    return compiled, seconds, source
-
-
-def bytes_on_device(tree, device, arrays_only: bool = True) -> int:
-    """Bytes of a tree of (sharded) arrays that live on `device` (scalars left out unless
-    arrays_only=False)."""
-    import jax
-
-    return sum(s.data.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "addressable_shards")
-               and (x.ndim or not arrays_only)
-               for s in x.addressable_shards if s.device == device)
-
-
-def compile_seconds(jitted, *args):
-    """(compiled program, seconds to lower and compile it) for a jax.jit function."""
-    import time
-
-    t0 = time.perf_counter()
-    compiled = jitted.lower(*args).compile()
-    return compiled, time.perf_counter() - t0
-
-
 def ring_bytes_sent(hlo_text: str, k: int | None = None, skip_scalars: bool = True) -> int:
     """Bytes one device sends per run if every collective runs as a ring (see
     ring_bytes_by_op), summed over the ops; `k`: the device count, for ops over all devices."""
@@ -304,20 +234,3 @@ def _crossing_share(c: Collective, proc: list[int]) -> float:
         hops = [(grp[i], grp[(i + 1) % len(grp)]) for grp in groups for i in range(len(grp))
                 if len(grp) > 1]
     return sum(proc[a] != proc[b] for a, b in hops) / len(hops) if hops else 0.0
-
-
-def max_rel_diff(a, b, floor: float = 1e-4) -> float:
-    """max over tensors of max|a - b| / max|b|, each tensor against its own scale, but never
-    against less than `floor` x the largest tensor's scale.
-
-    The floor exists for tensors whose exact value is 0, e.g. the key bias's gradient
-    (adding a constant to every key shifts a query's scores alike, which softmax ignores):
-    in floats they are rounding noise (~1e-11), and their own scale would turn that noise
-    into a large relative error.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    largest = max(float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(b))
-    return max(float(jnp.max(jnp.abs(x - y))) / max(float(jnp.max(jnp.abs(y))), floor * largest)
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))

@@ -188,12 +188,12 @@ def run(args) -> int:
 
 def _run_abstract(args, cfg, plans, out: Path) -> int:
     """Compile only, in this process (nothing runs, so nothing can crash a collective)."""
-    from jaxscale.compare import report
+    from jaxscale.compare import abstract, report
     from jaxscale.runtime import devices as devlib
     from jaxscale.runtime.compile_cache import enable_compilation_cache
     devices = devlib.pick_devices(args.platform, args.devices)
     enable_compilation_cache()
-    rows = report.run_abstract(cfg, plans, devices, args.batch_size)
+    rows = abstract.run_abstract(cfg, plans, devices, args.batch_size)
     result = {"model": args.model, "devices": args.devices, "abstract": True, "rows": rows}
     _write_json(out / "compare.json", result)
     (out / "compare.md").write_text(report.markdown(result))

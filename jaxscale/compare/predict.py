@@ -1,0 +1,123 @@
+"""What a strategy should cost, from closed forms: the parameters one device holds, its
+model-state bytes and the ring bytes it sends per step, by collective and by mesh axis
+(jaxscale.costmodel and the structure of our model), so that every number
+`strategies.run_strategy` measures has a predicted one beside it."""
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from jaxscale import costmodel as cm
+from jaxscale.compare.strategies import CompareError
+from jaxscale.model import config as model_config
+from jaxscale.model import transformer as modellib
+from jaxscale.parallel.hybrid import param_specs
+from jaxscale.parallel.mesh_layouts import local_shapes
+from jaxscale.parallel.pipeline import tick_table
+from jaxscale.parallel.plan import Plan
+from jaxscale.parallel.zero import stage3_ring_bytes
+
+
+def params_per_device(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:
+    """Closed form: parameters one device holds before ZeRO (tp splits the heads and the
+    MLP width, pp the layers; embeddings, LayerNorms and output biases are replicated)."""
+    d, f, L = cfg.d_model, cfg.d_ff, cfg.n_layers
+    split = 4 * d * d + 3 * d + 2 * d * f + f  # Q, K, V, O, their biases, W1, b1, W2
+    replicated = 6 * d  # bo, b2, two LayerNorms
+    top = cfg.vocab_size * d + cfg.seq_len * d + 2 * d
+    return {"top": top, "blocks": L / plan.pp * (split / plan.tp + replicated),
+            "split": L / plan.pp * split / plan.tp,  # what tp splits
+            "total": top + L / plan.pp * (split / plan.tp + replicated)}
+
+
+def predictable(plan: Plan) -> bool:
+    """Whether `predict` models the plan: fp32, no remat (full remat repeats tp's forward
+    all-reduces), ZeRO-3 outside a pipeline only with one micro-batch (its gathers repeat
+    per micro-batch; in a pipeline they are counted per tick)."""
+    return (plan.remat == "none" and plan.precision == "fp32"
+            and not (plan.zero_stage == 3 and plan.micro_batches > 1 and plan.pp == 1))
+
+
+def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, int]) -> dict:
+    """Predicted per-device model-state bytes and ring bytes sent per step (fp32, Adam);
+    "sent_by_axis" splits the bytes by the mesh axis each collective runs over.
+
+    Modelled: dp, tp, pp, cp, sequence_parallel, schedule, virtual, micro_batches,
+    zero_stage; other plans are refused (see `predictable`)."""
+    if not predictable(plan):
+        raise CompareError(f"the prediction covers fp32 plans without remat (and ZeRO-3 "
+                           f"with one micro-batch); got {plan}")
+    psi = params_per_device(cfg, plan)
+    k, z, m, tp, cp = plan.dp, plan.zero_stage, plan.micro_batches, plan.tp, plan.cp
+    states = cm.model_state_bytes(psi["total"], k, z, "fp32")
+    b, s = batch_shape
+    rows = b // k // m  # rows of one micro-batch on one device
+    act = rows * (s // cp) * cfg.d_model * 4  # one micro-batch's x on a cp share (whole)
+    ring = lambda n, g: 2 * (g - 1) / g * n  # noqa: E731
+    sent: dict[str, float] = {}
+    by_axis: dict[str, dict[str, float]] = {}
+
+    def add(op, v, axis):
+        if v:
+            sent[op] = sent.get(op, 0.0) + v
+            ops = by_axis.setdefault(axis, {})
+            ops[op] = ops.get(op, 0.0) + v
+    grads = 4 * psi["total"]
+    if z == 0:
+        add("all-reduce", ring(grads, k), "dp")
+    elif z in (1, 2):  # stage 2 reduce-scatters every micro-batch (pipeline: backward tick)
+        times = m * (plan.virtual if plan.pp > 1 else 1) if z == 2 else 1
+        add("reduce-scatter", times * (k - 1) / k * grads, "dp")
+        add("all-gather", (k - 1) / k * grads, "dp")
+    elif plan.pp == 1:
+        census = stage3_census(cfg, plan)
+        add("all-gather", census["all_gather"], "dp")
+        add("reduce-scatter", census["reduce_scatter"], "dp")
+    else:  # every tick gathers its chunk's units: forward, then again in backward (the
+        # stage's recomputed forward and what its backward needs), scattering there
+        census, ticks = stage3_census(cfg, plan), m * plan.virtual
+        add("all-gather", ticks * (census["all_gather"] + census["reduce_scatter"]), "dp")
+        add("reduce-scatter", ticks * census["reduce_scatter"], "dp")
+    # the sequence's shares of every gradient (ZeRO: of its slices) summed, after dp's
+    # reduction: over cp, and over tp for what tp does not split when sequence parallel
+    shrink, sp = (k if z else 1), plan.sequence_parallel
+    if cp > 1 or sp:
+        split, whole = 4 * psi["split"] / shrink, 4 * (psi["total"] - psi["split"]) / shrink
+        add("all-reduce", ring(whole, cp * (tp if sp else 1)), "cp" if cp > 1 else "tp")
+        add("all-reduce", ring(split, cp), "cp")
+    if cp > 1:
+        # ring attention: per layer, cp - 1 hops of k and v forward, of their gradients back
+        kv = 2 * rows * (s // cp) * cfg.d_model // tp * 4
+        add("collective-permute", 2 * (cp - 1) * kv * cfg.n_layers * m, "cp")
+    layers_here = cfg.n_layers // plan.pp
+    if tp > 1 and plan.sequence_parallel:
+        # each all-reduce split in two: per layer 2 all-gathers and 2 reduce-scatters
+        # forward, the same backward, on the whole cp share
+        add("all-gather", 4 * layers_here * m * (tp - 1) / tp * act, "tp")
+        add("reduce-scatter", 4 * layers_here * m * (tp - 1) / tp * act, "tp")
+    elif tp > 1:  # 2 all-reduces per layer forward, 2 backward (+2: a pipeline recomputes)
+        per_micro = (6 if plan.pp > 1 else 4) * layers_here
+        add("all-reduce", ring(per_micro * m * act, tp), "tp")
+    if cfg.document_mask and (cp > 1 or plan.sequence_parallel):
+        g = cp * (tp if plan.sequence_parallel else 1)  # every token's document id, int32
+        add("all-gather", m * (g - 1) / g * rows * s * 4, "cp" if cp > 1 else "tp")
+    if plan.pp > 1:
+        ticks = tick_table(plan.schedule, plan.pp, m, plan.virtual).ticks
+        add("collective-permute", 2 * ticks * act, "pp")
+        # the shared embeddings' and final LayerNorm's gradients (ZeRO: their dp slices)
+        add("all-reduce", ring(4 * psi["top"] / (k if z else 1), plan.pp), "pp")
+    return {"params_per_device": psi["total"], "states": states, "sent": sent,
+            "sent_by_axis": by_axis}
+
+
+def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:
+    """ZeRO-3's gathers and reduce-scatters (zero.stage3_ring_bytes) on each device's own
+    tp shards (in a pipeline: for one chunk of its layers)."""
+    abstract = modellib.abstract(cfg)
+    shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+    if plan.tp > 1 or plan.pp > 1:  # each device's shards; a pipeline: one chunk's layers
+        shapes = local_shapes(shapes, param_specs(modellib.logical_axes(abstract), plan), plan)
+        chunk = cfg.n_layers // (plan.pp * plan.virtual)
+        shapes = {**shapes, "blocks": jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((chunk, *x.shape[1:]), x.dtype), shapes["blocks"])}
+    return stage3_ring_bytes(shapes, plan.dp, 4, plan.sequence_parallel)
