@@ -34,6 +34,11 @@ from __future__ import annotations
 
 import math
 
+# Plain modules that import nothing of this one (shape.py imports nothing at all), so the
+# package can import them at its top without a circle.
+from jaxscale.costmodel import activations, states
+from jaxscale.costmodel.shape import Transformer
+
 LINKS = {  # bytes per second
     "nvlink": 300e9,  # NVLink within a node (lecture 13: 300 GB/s and up)
     "infiniband": 50e9,  # between nodes (lecture 13 exercises 4 and 6: ~50 GB/s)
@@ -109,8 +114,6 @@ def model_state_bytes(n_params: float, k: int, zero_stage: int = 0,
     gradients, stage 3 also the parameters (mixed precision: 16, 4 + 12/K, 2 + 14/K, 16/K
     bytes per parameter). The lectures' two budgets; costmodel.states has them all.
     """
-    from jaxscale.costmodel import states
-
     if precision not in STATE_BYTES:
         raise CostModelError(f"unknown precision {precision!r}; choose from {', '.join(STATE_BYTES)}")
     if zero_stage not in (0, 1, 2, 3):
@@ -130,9 +133,6 @@ def activation_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int,
     With tensor parallelism over tp devices (no sequence parallelism): s*b*h*(10 + 24/tp +
     5*a*s/(h*tp)) (their eq. 2). Term by term in costmodel.activations (GPT shape, 4h MLP).
     """
-    from jaxscale.costmodel import activations
-    from jaxscale.costmodel.shape import Transformer
-
     _positive(seq=seq, batch=batch, hidden=hidden, heads=heads, tp=tp)
     shape = Transformer(1, hidden, heads, seq)
     return activations.per_layer(shape, batch, tp, flash_attention=flash_attention)["total"]

@@ -11,7 +11,8 @@ CheckpointManager:
                  versions
 
 (jaxscale.training.checkpoint.store reads a directory as it lies on disk: complete steps, the JSON,
-file lists, tensors by name.) Orbax writes a step into `D/20.orbax-checkpoint-tmp*` and
+file lists; checkpoint/tensors.py names the tensors and their digests, checkpoint/meta.py
+writes the JSON.) Orbax writes a step into `D/20.orbax-checkpoint-tmp*` and
 renames it when every process is done, so a process killed mid-save leaves the previous
 step whole; the manager removes such leftovers when it opens D for writing. Old steps past
 `keep` are renamed into `D/.deleted/` before they are removed (checkpoint_dir.empty_trash),
@@ -37,10 +38,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxscale.training.checkpoint.store import (DIGEST, FORMAT, TMP_MARK, TRASH, CheckpointDamaged,
-    CheckpointError, check_compatible, check_files, complete_steps, empty_trash, listing,
-    read_canonical, read_meta, run_meta, versions, write_manifest)
+from jaxscale.training.checkpoint.store import (DIGEST, FORMAT, TRASH, CheckpointDamaged,
+    CheckpointError, check_compatible, check_files, complete_steps, empty_trash, read_meta,
+    write_manifest)
+from jaxscale.training.checkpoint.meta import versions
+from jaxscale.training.checkpoint.tensors import digest, flat_items, unflat_items
 from jaxscale.parallel.canonical import canonical_sharding
+
 
 class CheckpointWriteError(RuntimeError):
     """Writing a checkpoint failed (a full disk, a lost mount); the earlier ones are intact."""
@@ -103,41 +107,6 @@ def check_resumable(directory, config: dict, accept_lr_change: bool = False) -> 
 
 
 # --------------------------------------------------------------------------------------
-# The state as Orbax sees it: a flat dict of named tensors
-# --------------------------------------------------------------------------------------
-
-def _name(path) -> str:
-    return jax.tree_util.keystr(path, simple=True, separator=".")
-
-
-def flat_items(tree) -> dict:
-    """{dotted path: leaf}, e.g. "opt_state.0.mu.blocks.wq": one Orbax item per tensor."""
-    return {_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-
-
-def unflat_items(items: dict, like):
-    """The tree of `like` with its leaves taken from items (flat_items' inverse)."""
-    paths, treedef = jax.tree_util.tree_flatten_with_path(like)
-    return jax.tree_util.tree_unflatten(treedef, [items[_name(p)] for p, _ in paths])
-
-
-_OFFSET = 0x9E3779B9  # so that an all-zero tensor and a zero-filled digest never agree
-
-
-@jax.jit
-def _digest(items: dict) -> dict:
-    """A 32-bit sum of every tensor's bits (plus an offset), on the devices: a file that
-    reads back as zeros, or not at all, changes it. Saved as a tensor beside each tensor,
-    so that an asynchronous save never waits for it on the host."""
-    def bits(x):
-        width = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
-        total = jnp.sum(jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32),
-                        dtype=jnp.uint32)
-        return total + jnp.uint32(_OFFSET)
-    return {DIGEST + k: bits(x) for k, x in items.items()}
-
-
-# --------------------------------------------------------------------------------------
 # Saving and restoring
 # --------------------------------------------------------------------------------------
 
@@ -181,7 +150,7 @@ class Checkpointer:
         ocp = self._ocp
         t0 = time.perf_counter()
         items = flat_items(canonical_state)
-        items.update(_digest(items))  # dispatched; computed on the devices, not waited for
+        items.update(digest(items))  # dispatched; computed on the devices, not waited for
         meta = {**meta, "format": FORMAT, "step": step, "versions": versions()}
         try:  # the previous asynchronous save first: its failure is its own
             self.manager.wait_until_finished()
@@ -248,7 +217,7 @@ class Checkpointer:
             raise CheckpointDamaged(f"checkpoint {self.directory / str(step)} is damaged: "
                                     f"{first[:200]}") from None
         tensors = {k: v for k, v in got.items() if not k.startswith(DIGEST)}
-        have = jax.device_get(_digest(tensors))
+        have = jax.device_get(digest(tensors))
         want = jax.device_get({k: v for k, v in got.items() if k.startswith(DIGEST)})
         bad = [k[len(DIGEST):] for k in have if int(have[k]) != int(want[k])]
         if bad:

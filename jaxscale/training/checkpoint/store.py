@@ -1,21 +1,22 @@
 """A checkpoint directory as it lies on disk: its steps, their JSON, their file lists.
 
     D/20/                      a complete step (Orbax renamed it into place)
-    D/20/meta/metadata         its JSON item (jaxscale.training.checkpoint.manager.run_meta)
+    D/20/meta/metadata         its JSON item (jaxscale.training.checkpoint.meta.run_meta)
     D/20/jaxscale-files.json   every file of the step and its size, written after the commit
     D/24.orbax-checkpoint-tmp  a save that never finished (a kill mid-save): never used
     D/16.damaged               a damaged step a later run moved aside
     D/.deleted/12              an old step past --keep: renamed here in one step, then
                                emptied (a kill mid-delete leaves no half step among the steps)
 
-Also what the JSON holds (`run_meta`) and what a resumed run must share with it
-(`check_compatible`). Plain files only (`jaxscale checkpoint ls` never starts JAX),
-except `read_canonical`, which reads the tensors back by name for tests and tools.
+Also what a resumed run must share with the JSON (`check_compatible`). Plain files only:
+`jaxscale checkpoint ls` never starts JAX. What the JSON holds is written by
+checkpoint/meta.py, and the tensors are read back by name in checkpoint/tensors.py.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 FORMAT = 1
@@ -26,7 +27,7 @@ NO_FLAG = ("n_train_docs", "n_val_docs")  # set only through the Python API (Tra
 TMP_MARK = ".orbax-checkpoint-tmp"
 MANIFEST = "jaxscale-files.json"
 TRASH = ".deleted"  # Orbax's todelete_subdir: old steps are renamed here, then removed
-DIGEST = "digest."  # the name prefix of each tensor's digest item (jaxscale.training.checkpoint.manager)
+DIGEST = "digest."  # the name prefix of each tensor's digest item (checkpoint/tensors.py)
 
 
 class CheckpointError(ValueError):
@@ -35,29 +36,6 @@ class CheckpointError(ValueError):
 
 class CheckpointDamaged(CheckpointError):
     """A checkpoint whose files are missing, truncated or do not match their digest."""
-
-
-def run_meta(cfg, plan, samples_seen: int, losses, norms, val_curve, tokens,
-             model=None, guard: dict | None = None) -> dict:
-    """The JSON item beside a checkpoint's tensors: the run (a TrainConfig), its plan, the
-    model, the data position (the global sample index: mesh-independent), the metrics so
-    far, the spike guard's state (jaxscale.training.spikes.GuardState). (There is no random state
-    to add: see jaxscale.training.checkpoint.manager.)"""
-    from dataclasses import asdict
-
-    import jax
-
-    from jaxscale.model.config import preset
-    return {
-        "config": asdict(cfg), "plan": plan.as_dict(), "plan_layout": plan.layout(),
-        "model": asdict(model or preset(cfg.model)),  # `model`: a ModelConfig, not a preset
-        "data": {"samples_seen": samples_seen, "batch_size": cfg.batch_size,
-                 "order": "a shuffle of (seed, epoch) per epoch (jaxscale.data.sampler)"},
-        "random": "the seed alone: batch order is a function of (seed, sample index), and "
-                  "the model has no dropout",
-        "metrics": {"loss_curve": list(losses), "grad_norms": list(norms),
-                    "val_curve": [list(v) for v in val_curve], "tokens_seen": tokens},
-        "guard": guard or {}, "processes": jax.process_count(), "devices": plan.n_devices}
 
 
 def check_compatible(meta: dict, config: dict, accept_lr_change: bool, where) -> None:
@@ -77,17 +55,6 @@ def check_compatible(meta: dict, config: dict, accept_lr_change: bool, where) ->
             raise CheckpointError(
                 f"checkpoint {where} was written with {field}={saved.get(field)!r} but this "
                 f"run has {field}={config.get(field)!r}; {fix}{hint}")
-
-
-def versions() -> dict[str, str]:
-    import flax
-    import jax
-    import optax
-    import orbax.checkpoint as ocp
-
-    from jaxscale import __version__
-    return {"jaxscale": __version__, "jax": jax.__version__, "jaxlib": jax.lib.__version__,
-            "flax": flax.__version__, "optax": optax.__version__, "orbax": ocp.__version__}
 
 
 def complete_steps(directory) -> list[int]:
@@ -146,7 +113,6 @@ def empty_trash(directory) -> None:
     which Orbax may be renaming into at this moment). Deleting in place would let a kill
     leave a half-deleted step that reads as damaged; a rename is atomic, and a kill in
     here only leaves part of a step that no listing looks at."""
-    import shutil
     trash = Path(directory) / TRASH
     for child in (list(trash.iterdir()) if trash.is_dir() else []):
         shutil.rmtree(child, ignore_errors=True)
@@ -184,19 +150,3 @@ def listing(directory) -> list[dict]:
         rows.append(row)
     return sorted(rows, key=lambda r: (r["step"], r["complete"]))
 
-
-def read_canonical(directory, step: int) -> dict:
-    """Every tensor of one checkpoint as host arrays, by dotted name (for tests and tools)."""
-    import jax
-    import numpy as np
-    import orbax.checkpoint as ocp
-
-    path = Path(directory).absolute() / str(step) / "state"
-    here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    with ocp.StandardCheckpointer() as ckptr:  # onto one device, whatever mesh wrote it
-        meta = ckptr.metadata(path)
-        tree = getattr(meta, "item_metadata", None) or meta
-        target = {k: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here)
-                  for k, m in dict(tree).items()}
-        items = ckptr.restore(path, target)
-    return {k: np.asarray(v) for k, v in items.items() if not k.startswith(DIGEST)}
