@@ -52,13 +52,15 @@ from flax import nnx  # noqa: E402
 
 from jaxscale import garden  # noqa: E402
 from jaxscale.model import transformer as M  # noqa: E402
-from jaxscale.training.checkpoint.manager import (Checkpointer, CheckpointOptions, _digest,
-    run_meta, flat_items, listing, versions)
-from jaxscale.training.checkpoint.store import dir_bytes  # noqa: E402
+from jaxscale.training.checkpoint.manager import Checkpointer, CheckpointOptions  # noqa: E402
+from jaxscale.training.checkpoint.meta import run_meta, versions  # noqa: E402
+from jaxscale.training.checkpoint.store import dir_bytes, listing  # noqa: E402
+from jaxscale.training.checkpoint.tensors import digest as _digest, flat_items  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
-from jaxscale.training.train import TrainConfig, as_arrays, lr_schedule, make_optimizer
+from jaxscale.training.config import TrainConfig, lr_schedule, make_optimizer
+from jaxscale.training.reference import as_arrays
 from jaxscale.model import config as model_config
 
 BATCH = 8
@@ -295,7 +297,7 @@ def main():
                             "background write (async; ~0 for sync)",
             "orbax_save_s": "Orbax's CheckpointManager.save inside save_call_s (the rest "
                             "is the digest and the meta dict)",
-            "digest_s": "jaxscale.training.checkpoint.manager.digest of the state alone, timed after the "
+            "digest_s": "jaxscale.training.checkpoint.tensors.digest of the state alone, timed after the "
                         "round (inside save_call_s)",
             "ratio_async_orbax_part_to_sync_blocked": "async orbax_save_s / sync blocked_s: "
                                                       "the ratio without to_canonical and "

@@ -24,11 +24,12 @@ import jax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from jaxscale import garden  # noqa: E402
-from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.measure import timing  # noqa: E402
 from jaxscale.model import optim, precision  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
-from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.config import TrainConfig  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config
 from jaxscale.parallel import step as steplib
 
@@ -59,7 +60,7 @@ def main():
     results = {k: [] for k in fns}
     for _ in range(3):  # interleave rounds so that machine noise hits all three alike
         for k, f in fns.items():
-            results[k].append(measure.step_seconds(f, repeats=args.repeats // 3)["median_s"])
+            results[k].append(timing.step_seconds(f, repeats=args.repeats // 3)["median_s"])
     med = {k: sorted(v)[len(v) // 2] for k, v in results.items()}
     out = {"benchmark": "data_parallel", "median_step_s": med,
            "ratio_shard_map_to_single": med["shard_map_dp8"] / med["single"],

@@ -130,7 +130,7 @@ def summarise(label, cfg, runs) -> dict:
 def cpu_benchmark(args) -> dict:
     from jaxscale import bench
     from jaxscale.runtime import devices
-    from jaxscale.training.checkpoint.store import versions as jaxscale_versions
+    from jaxscale.training.checkpoint.meta import versions as jaxscale_versions
     from jaxscale.runtime.compile_cache import enable_compilation_cache
 
     device = devices.pick_devices("cpu", 1)[0]  # one CPU device, before JAX starts

@@ -30,7 +30,8 @@ from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E40
 from jaxscale.parallel import schedules as sched  # noqa: E402
 from jaxscale.parallel.pipeline import IDLE, tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
-from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.config import TrainConfig  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config
 
 PLANS = {"single": Plan(), "tp2": Plan(tp=2),

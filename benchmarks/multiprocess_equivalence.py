@@ -7,7 +7,7 @@ one process x 8 devices (the reference), `jaxscale launch` 2 processes x 4 (ever
 strategy), and 4 processes x 2 (dp and zero3). Per strategy it records the largest
 relative loss difference from the one-process run at any step, and the final parameters'
 largest difference (absolute; relative to each tensor's largest entry, see
-measure.max_rel_diff; and as a norm relative to the parameters' norm), and whether compare itself judged the run within its bound of the
+compare_trees.max_rel_diff; and as a norm relative to the parameters' norm), and whether compare itself judged the run within its bound of the
 single device. Gloo reduces in another order than XLA's in-process collectives, so sums
 (psum, psum_scatter) may differ by ulps; gathers and permutes move bytes unchanged.
 Writes benchmarks/results/multiprocess_equivalence.json.

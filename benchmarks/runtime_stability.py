@@ -43,7 +43,8 @@ def worker(name: str) -> None:
     from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.compare.strategies import run_strategy, strategy_plan
     from jaxscale.parallel.plan import Plan
-    from jaxscale.training.train import TrainConfig, as_arrays, init_state
+    from jaxscale.training.config import TrainConfig
+    from jaxscale.training.reference import as_arrays, init_state
     enable_compilation_cache()
     cfg = model_config.preset("tiny")
     _, params, _ = init_state(TrainConfig(model="tiny"))

@@ -62,13 +62,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 from jaxscale import garden  # noqa: E402
 from jaxscale.model import transformer as M, precision  # noqa: E402
 from jaxscale.training import spikes  # noqa: E402
-from jaxscale.training.checkpoint.store import versions  # noqa: E402
+from jaxscale.training.checkpoint.meta import versions  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.data_parallel import shard_step  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
-from jaxscale.training.train import (TrainConfig, as_arrays, lr_schedule,
-    make_optimizer)  # noqa: E402
+from jaxscale.training.config import TrainConfig, lr_schedule, make_optimizer  # noqa: E402
+from jaxscale.training.reference import as_arrays  # noqa: E402
 from jaxscale.model import config as model_config
 from jaxscale.parallel import step as steplib
 
@@ -84,7 +84,8 @@ UPDATE_PLANS = ("single", "dp8")  # update-only programs: the layouts make_step 
 def sources() -> dict:
     """Short hashes of the files whose code is measured (the record says which code ran)."""
     files = ("jaxscale/model/precision.py", "jaxscale/training/spikes.py", "jaxscale/parallel/data_parallel.py",
-             "jaxscale/parallel/zero.py", "jaxscale/parallel/hybrid.py", "jaxscale/training/train.py",
+             "jaxscale/parallel/zero.py", "jaxscale/parallel/hybrid.py", "jaxscale/parallel/step.py",
+             "jaxscale/training/loop.py", "jaxscale/training/hooks.py",
              "benchmarks/spike_guard.py")
     return {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:12] for f in files}
 

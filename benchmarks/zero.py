@@ -30,7 +30,8 @@ from jaxscale.model import transformer as M, optim  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
-from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.config import TrainConfig  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config
 
 

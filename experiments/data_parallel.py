@@ -31,6 +31,7 @@ from experiments._runner import log, run_experiment  # noqa: E402
 from jaxscale.parallel import ring as C  # noqa: E402
 from jaxscale import costmodel as cm, garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.measure import compare_trees, memory, timing  # noqa: E402
 from jaxscale.model import optim  # noqa: E402
 from jaxscale.runtime.mesh import make_mesh  # noqa: E402
 from jaxscale.model.loss import loss_fn, nll_and_count  # noqa: E402
@@ -39,7 +40,8 @@ from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_i
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
-from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.config import TrainConfig  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config
 
 BATCH, STEPS = 32, 60
@@ -83,7 +85,7 @@ def part_a(lab: Lab, out: Path) -> dict:
     loss, grads = dp_grad_fn(lab, N_DEVICES)(lab.params0, batch)
     mom = shard_mean_of_means(lab.graphdef, lab.trained, batch, N_DEVICES)
     rows = {"single_device_loss": float(ref_loss), "dp8_loss": float(loss),
-            "max_rel_grad_diff": measure.max_rel_diff(grads, ref), **mom}
+            "max_rel_grad_diff": compare_trees.max_rel_diff(grads, ref), **mom}
     print_table(f"a. one batch of {BATCH} documents ({int(batch['mask'].sum())} target tokens) "
                 f"on 1 device vs dp={N_DEVICES}", ["quantity", "value"],
                 [["loss, 1 device", rows["single_device_loss"]], ["loss, dp=8", rows["dp8_loss"]],
@@ -202,9 +204,9 @@ def part_e(lab: Lab, out: Path) -> dict:
     one_device_m8 = dp_grad_fn(lab, 1, 8)(lab.params0, batch)
     dp8 = dp_grad_fn(lab, N_DEVICES, 1)(lab.params0, batch)
     dp2_m4 = dp_grad_fn(lab, 2, 4)(lab.params0, batch)
-    rows = [{"setup": "1 device, 8 micro-batches of 4", "max_rel_grad_diff": measure.max_rel_diff(one_device_m8[1], ref)},
-            {"setup": "dp=8, 1 micro-batch", "max_rel_grad_diff": measure.max_rel_diff(dp8[1], ref)},
-            {"setup": "dp=2 x 4 micro-batches", "max_rel_grad_diff": measure.max_rel_diff(dp2_m4[1], ref)}]
+    rows = [{"setup": "1 device, 8 micro-batches of 4", "max_rel_grad_diff": compare_trees.max_rel_diff(one_device_m8[1], ref)},
+            {"setup": "dp=8, 1 micro-batch", "max_rel_grad_diff": compare_trees.max_rel_diff(dp8[1], ref)},
+            {"setup": "dp=2 x 4 micro-batches", "max_rel_grad_diff": compare_trees.max_rel_diff(dp2_m4[1], ref)}]
     print_table(f"e. exercise 7: gradient of one {BATCH}-document batch, accumulated vs at once",
                 ["setup", "max relative difference"], [list(r.values()) for r in rows])
     # day-4 §4.3: micro-batches of ~500 / 100 / 400 / 50 target tokens
@@ -241,11 +243,11 @@ def part_f(lab: Lab, out: Path) -> dict:
     reductions = [c for c in measure.collectives(hlo) if c.op == "all-reduce"]
     grad_bytes = sum(c.nbytes for c in reductions if any(len(d) for _, d in c.shapes))
     predicted = cm.dp_gradient_allreduce(lab.n_params, N_DEVICES)
-    compiled1, c1 = measure.compile_seconds(step1.jitted, s1, step1.place_batch(batch))
-    compiled8, c8 = measure.compile_seconds(step8.jitted, s8, placed)
-    mem1, mem8 = measure.memory(compiled1), measure.memory(compiled8)
-    t1 = measure.step_seconds(lambda: step1(s1, batch))
-    t8 = measure.step_seconds(lambda: step8.jitted(s8, placed))
+    compiled1, c1 = timing.compile_seconds(step1.jitted, s1, step1.place_batch(batch))
+    compiled8, c8 = timing.compile_seconds(step8.jitted, s8, placed)
+    mem1, mem8 = memory.memory(compiled1), memory.memory(compiled8)
+    t1 = timing.step_seconds(lambda: step1(s1, batch))
+    t8 = timing.step_seconds(lambda: step8.jitted(s8, placed))
     rows = [["gradient all-reduce payload (HLO, non-scalar all-reduces)", grad_bytes],
             ["gradient all-reduce payload (cost model: params x 4 B)", predicted["payload_bytes"]],
             ["ring bytes sent per device (cost model, 2(K-1)/K)", predicted["ring_bytes_per_device"]],

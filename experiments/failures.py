@@ -166,10 +166,12 @@ def _measure_saves(directory: Path) -> dict:
     import jax
 
     from jaxscale import garden
-    from jaxscale.training.checkpoint.manager import Checkpointer, CheckpointOptions, run_meta
+    from jaxscale.training.checkpoint.manager import Checkpointer, CheckpointOptions
+    from jaxscale.training.checkpoint.meta import run_meta
     from jaxscale.parallel.plan import Plan
     from jaxscale.parallel.build import build_train_step
-    from jaxscale.training.train import TrainConfig, as_arrays, init_state
+    from jaxscale.training.config import TrainConfig
+    from jaxscale.training.reference import as_arrays, init_state
 
     cfg = TrainConfig(model="tiny", batch_size=8)
     plan = Plan()
@@ -432,7 +434,7 @@ def _same_state(a_dir: Path, b_dir: Path, step: int) -> dict:
     """Two checkpoints of `step` compared tensor by tensor (read_canonical)."""
     import logging
 
-    from jaxscale.training.checkpoint.store import read_canonical
+    from jaxscale.training.checkpoint.tensors import read_canonical
 
     absl = logging.getLogger("absl")
     level = absl.level

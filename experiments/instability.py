@@ -36,8 +36,10 @@ import numpy as np
 from experiments._runner import log, run_experiment
 from jaxscale.training.checkpoint.manager import CheckpointOptions
 from jaxscale.report import print_table, pyplot, save_figure
-from jaxscale.training.spikes import Window, parse_faults
-from jaxscale.training.train import TrainConfig, train
+from jaxscale.training.spikes import Window
+from jaxscale.training.faults import parse_faults
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.loop import train
 
 STEPS, BATCH = 200, 8  # 8 documents a step: the step is ~2x cheaper than at 16
 LR, WARMUP = 5e-3, 50  # constant after the warm-up: a jump is the only change of pace

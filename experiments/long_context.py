@@ -38,8 +38,9 @@ from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 from experiments._runner import log, run_experiment  # noqa: E402
 from jaxscale import garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.measure import compare_trees, memory  # noqa: E402
 from jaxscale.model import transformer as M  # noqa: E402
-from jaxscale.compare.strategies import predict  # noqa: E402
+from jaxscale.compare.predict import predict  # noqa: E402
 from jaxscale.model.flops import model_flops_per_token  # noqa: E402
 from jaxscale.parallel import context as C  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
@@ -85,7 +86,7 @@ def part_a(lab: Lab, out: Path) -> dict:
         sent = measure.ring_bytes_by_op(lowered.as_text(dialect="hlo"))
         pred = predict(cfg, Plan.parse(layout), batch["tokens"].shape)["sent"]
         r = {"loss_rel": abs(loss - ref_loss) / ref_loss,
-             "grad_rel": measure.max_rel_diff(grads, ref),
+             "grad_rel": compare_trees.max_rel_diff(grads, ref),
              "permute_bytes": sent.get("collective-permute", 0.0),
              "permute_predicted": pred.get("collective-permute", 0.0)}
         res["plans"][layout] = r
@@ -119,7 +120,7 @@ def part_b(lab: Lab, out: Path) -> dict:
         grad = jax.shard_map(jax.grad(loss, argnums=(0, 1, 2)), mesh=mesh,
                              in_specs=(P(None, "cp"),) * 3, out_specs=(P(None, "cp"),) * 3)
         compiled = jax.jit(grad).lower(q, kk, v).compile()
-        res[cp] = measure.memory(compiled)["temporaries"]
+        res[cp] = memory.memory(compiled)["temporaries"]
         rows.append([str(cp), f"{res[cp]:,}", f"{res[1] / res[cp]:.2f}", str(cp)])
     print_table(f"b. ring attention's temporaries per device, forward + backward, {b} x {t} "
                 f"tokens, {h} heads of {k} (XLA memory analysis)",
@@ -186,7 +187,7 @@ def part_c(lab: Lab, out: Path) -> dict:
         flops = per_token * rows_here * s / (plan.tp if plan.tp > 1 else 1)
         selective = plan.remat == "selective"
         r = {"sent": sent, "total_sent": sum(sent.values()),
-             "temporaries": measure.memory(compiled)["temporaries"],
+             "temporaries": memory.memory(compiled)["temporaries"],
              "flops_per_device": flops}
         if plan.tp > 1:
             r["residuals_per_layer"] = _residuals_per_layer(cfg, params, batch, plan)

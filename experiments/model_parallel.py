@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from experiments._runner import log, run_experiment  # noqa: E402
 from jaxscale import costmodel as cm, garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.measure import compare_trees, memory, timing  # noqa: E402
 from jaxscale.model import transformer as M, optim  # noqa: E402
 from jaxscale.runtime.mesh import make_mesh  # noqa: E402
 from jaxscale.parallel import schedules as sched  # noqa: E402
@@ -43,7 +44,8 @@ from jaxscale.parallel.pipeline import tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.report import print_table  # noqa: E402
-from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.config import TrainConfig  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config
 
 MODEL, BATCH = "tiny8", 32
@@ -103,7 +105,7 @@ def part_a(lab: Lab, out: Path) -> dict:
         placed = jax.device_put(p, jax.tree.map(lambda s: jax.sharding.NamedSharding(
             make_mesh(f"tp={k}", jax.devices()[:k]), s), specs, is_leaf=lambda s: isinstance(s, P)))
         diff = float(jnp.max(jnp.abs(f(placed, x) - right)))
-        mlp_bytes = sum(measure.bytes_on_device(placed[n], jax.devices()[0])
+        mlp_bytes = sum(memory.bytes_on_device(placed[n], jax.devices()[0])
                         for n in ("w1", "b1", "w2"))
         whole = sum(p[n].nbytes for n in ("w1", "b1", "w2"))
         res[k] = {"max_abs_diff": diff, "bytes_per_device": mlp_bytes, "whole_bytes": whole}
@@ -147,7 +149,7 @@ def part_c(lab: Lab, out: Path) -> dict:
         v = 2 if schedule == "interleaved" else 1
         run = lab.gradient(Plan(pp=p, micro_batches=m, schedule=schedule, virtual=v))
         r = {"schedule": schedule, "stages": p, "micro_batches": m, "virtual": v,
-             "max_rel_grad_diff": measure.max_rel_diff(run["grad"], ref["grad"]),
+             "max_rel_grad_diff": compare_trees.max_rel_diff(run["grad"], ref["grad"]),
              "loss_rel_diff": abs(run["loss"] - ref["loss"]) / ref["loss"],
              "activation_slots": tick_table(schedule, p, m, v).slots}
         res.append(r)
@@ -230,7 +232,7 @@ def part_f(lab: Lab, out: Path) -> dict:
          f"{predicted['pp_useful']:,}, the rest idle ticks' zeros)"],
         ["dp", "all-reduce", f"{axes['dp']['all-reduce']['bytes']:,}", f"{predicted['dp']:,}",
          "this device's gradient shard"]])
-    temps = {schedule: measure.memory(lab.gradient(Plan(pp=2, micro_batches=8, schedule=schedule))
+    temps = {schedule: memory.memory(lab.gradient(Plan(pp=2, micro_batches=8, schedule=schedule))
                                       ["compiled"])["temporaries"] for schedule in ("gpipe", "1f1b")}
     res["temporaries_pp2_m8"] = temps
     times = {}
@@ -241,7 +243,7 @@ def part_f(lab: Lab, out: Path) -> dict:
                                                 virtual=2)),
                        ("3d", Plan(dp=2, tp=2, pp=2, micro_batches=m))):
         run = lab.gradient(plan)
-        times[name] = measure.step_seconds(
+        times[name] = timing.step_seconds(
             lambda r=run: r["compiled"](r["state"], r["batch"]), repeats=7)["median_s"]
     res["step_ratio_to_single"] = {k: t / times["single"] for k, t in times.items()}
     print(f"  20 steps, loss vs one device: max rel diff {res['loss_rel_diff_20_steps']:.1e}")

@@ -16,7 +16,7 @@ b. FSDP (ZeRO-3): every device holds 1/(2K) of every flat, padded tensor; the fo
    the gradient of its own slice only
 
 Process 0 then computes the same gradient with plain jax.grad of loss_fn on the whole batch
-on one device, and compares (max abs difference, and measure.max_rel_diff: per tensor,
+on one device, and compares (max abs difference, and compare_trees.max_rel_diff: per tensor,
 relative to that tensor's largest entry). Tolerance TOLERANCE = 1e-5 relative: gloo adds
 the devices' partial sums in another order than one device adds the tokens, so fp32
 rounding differs by a few ulps of each tensor's largest entries (measured: ~1e-6 relative,
@@ -104,15 +104,17 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from jaxscale import garden
-    from jaxscale.measure import hlo as measure
+    from jaxscale.measure import compare_trees
     from jaxscale.runtime.compile_cache import enable_compilation_cache
     from jaxscale.data.sampler import StepBatches
     from jaxscale.runtime.mesh import make_mesh
     from jaxscale.model.loss import loss_fn
     from jaxscale.parallel.data_parallel import AXIS, dp_value_and_grad
-    from jaxscale.parallel.zero import ZeroLayout, zero_value_and_grad
+    from jaxscale.parallel.zero import zero_value_and_grad
+    from jaxscale.parallel.zero_layout import zero_layout
     from jaxscale.report import print_table
-    from jaxscale.training.train import TrainConfig, init_state
+    from jaxscale.training.config import TrainConfig
+    from jaxscale.training.reference import init_state
 
     enable_compilation_cache()
     assert jax.process_count() == N_PROCESSES and len(jax.local_devices()) == per
@@ -132,7 +134,7 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     ddp_loss, ddp_grads = ddp(jax.device_put(params, NamedSharding(mesh, P())), batch)
 
     # b. FSDP: every flat tensor cut into k slices; the gradient comes back reduce-scattered
-    layout = ZeroLayout(jax.eval_shape(lambda: params), k, stage=3)
+    layout = zero_layout(jax.eval_shape(lambda: params), k, stage=3)
     specs = jax.tree.map(layout.spec, jax.eval_shape(layout.flatten, params))
     slices = jax.device_put(layout.flatten(params),
                             jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
@@ -166,7 +168,7 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     def compare(loss, got, want):
         diff = {"loss": float(loss), "max_abs_diff": max(float(np.max(np.abs(got[n] - want[n])))
                                                          for n in want),
-                "max_rel_diff": measure.max_rel_diff(got, want)}
+                "max_rel_diff": compare_trees.max_rel_diff(got, want)}
         return {**diff, "within_tolerance": diff["max_rel_diff"] <= TOLERANCE}
     result = {"processes": N_PROCESSES, "devices_per_process": per, "batch_size": batch_size,
               "tolerance_rel": TOLERANCE, "reference_loss": float(ref_loss),

@@ -29,7 +29,9 @@ from jaxscale import garden
 from jaxscale.model import optim
 from jaxscale.training import sweep
 from jaxscale.report import print_table, pyplot, save_figure
-from jaxscale.training.train import TrainConfig, init_state, loss_fn
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import init_state
+from jaxscale.model.loss import loss_fn
 
 TOY_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
 # Garden-LM budget: 128 batches of 16 documents, one pass (the lecture: 128 x 32 docs x 4

@@ -30,7 +30,8 @@ from jaxscale.model import transformer as M, optim, precision as P
 from jaxscale.training import sweep
 from jaxscale.model.loss import loss_fn
 from jaxscale.report import print_table, pyplot, save_figure
-from jaxscale.training.train import TrainConfig, init_state
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import init_state
 from jaxscale.model import config as model_config
 from jaxscale.model import formats
 from jaxscale.parallel import step as steplib

@@ -33,13 +33,15 @@ from jax._src.ad_checkpoint import saved_residuals  # noqa: E402  (what print_sa
 from experiments._runner import log, run_experiment  # noqa: E402
 from jaxscale import costmodel as cm, garden  # noqa: E402
 from jaxscale.measure import hlo as measure  # noqa: E402
+from jaxscale.measure import memory, timing  # noqa: E402
 from jaxscale.model import transformer as M, optim, precision  # noqa: E402
 from jaxscale.model.loss import loss_fn  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.parallel.zero import stage3_ring_bytes  # noqa: E402
 from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
-from jaxscale.training.train import TrainConfig, as_arrays, init_state  # noqa: E402
+from jaxscale.training.config import TrainConfig  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
 from jaxscale.model import config as model_config
 
 GB = 1e9
@@ -118,9 +120,9 @@ def part_b(lab: Lab, out: Path) -> dict:
         compiled, hlo, _, _ = lab.compiled(Plan(dp=K, zero_stage=stage))
         sent = measure.ring_bytes_sent(hlo, K)
         dp_sent = dp_sent or sent
-        t = measure.step_seconds(lambda c=compiled, st=state: c(st, batch), repeats=9)
+        t = timing.step_seconds(lambda c=compiled, st=state: c(st, batch), repeats=9)
         whole = step.full_params(state)
-        on0 = lambda tree: measure.bytes_on_device(tree, jax.devices()[0])  # noqa: E731
+        on0 = lambda tree: memory.bytes_on_device(tree, jax.devices()[0])  # noqa: E731
         bk = lambda t: {"bk": t["blocks"]["bk"]}  # noqa: E731
         r = {"loss_rel_vs_single": max(abs(a - b) / b for a, b in zip(losses, single)),
              "params_rel_vs_dp": _rel(whole, dp_params, skip=(BK,)),
@@ -202,7 +204,7 @@ def _model_states(lab: Lab, plan: Plan) -> dict:
     counts that among the temporaries, so its size is read from the program's scan)."""
     compiled, _, state, step = lab.compiled(plan)
     batch = step.place_batch(lab.batches[0])
-    mem = measure.memory(compiled)
+    mem = memory.memory(compiled)
     batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch)) // plan.dp
     grads = _accumulator_bytes(step, state, batch)
     states = mem["arguments"] - batch_bytes
@@ -278,9 +280,9 @@ def part_d(lab: Lab, out: Path) -> dict:
         graphdef = nnx.graphdef(M.abstract(lab.cfg, remat=remat))
         grad = jax.jit(jax.grad(lambda p, bt, g=graphdef: loss_fn(g, p, bt)))
         compiled = grad.lower(lab.params0, batch).compile()
-        r["temporaries"] = measure.memory(compiled)["temporaries"]
+        r["temporaries"] = memory.memory(compiled)["temporaries"]
         r["flops"] = compiled.cost_analysis()["flops"]
-        r["grad_ms"] = measure.step_seconds(compiled, lab.params0, batch, repeats=9)["median_s"] * 1e3
+        r["grad_ms"] = timing.step_seconds(compiled, lab.params0, batch, repeats=9)["median_s"] * 1e3
         ours[remat] = r
     s_, b_, h_, a_ = ours["none"]["s"], ours["none"]["b"], lab.cfg.d_model, lab.cfg.n_heads
     # Korthikanti et al. count 16-bit tensors and 1-byte dropout masks; we train in fp32 with

@@ -12,10 +12,14 @@ import numpy as np
 import pytest
 
 from jaxscale.training.checkpoint import manager as C
+from jaxscale.training.checkpoint import store, tensors
+from jaxscale.training.checkpoint.meta import run_meta
 from jaxscale.cli import main as cli
 from jaxscale.parallel.plan import Plan
 from jaxscale.parallel.build import build_train_step
-from jaxscale.training.train import TrainConfig, init_state, train
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import init_state
+from jaxscale.training.loop import train
 from jaxscale.model import config as model_config
 
 # tiny8: 8 layers and 8 heads, so that tp, pp, 3-D and the interleaved order all fit
@@ -51,7 +55,11 @@ def max_diff(a, b) -> float:
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_every_layout_converts_to_the_single_device_state_and_back_exactly(name):
     """to_canonical of a plan's fresh state IS Plan()'s state (max abs diff 0.0), and
-    from_canonical gives the plan's own state back bit for bit."""
+    from_canonical gives the plan's own state back bit for bit. A fresh state's Adam moments
+    are all zero, where a slice or a layer put in the wrong place would not show: so also
+    one step in, the canonical moments equal one device's within rounding (1e-6 absolute;
+    the moments are (1-b) x gradients of at most ~1, whose sums differ in order by ~1e-8),
+    and the round trip stays exact."""
     init, step, params = built(LAYOUTS[name])
     ref = built(Plan())[0](params)
     state = init(params)
@@ -61,6 +69,13 @@ def test_every_layout_converts_to_the_single_device_state_and_back_exactly(name)
     # the canonical tensors stay sharded: no device holds a whole block matrix
     w1 = canonical.opt_state.mu["blocks"]["w1"]
     assert max(s.data.size for s in w1.addressable_shards) < w1.size
+    state, step = _trained(LAYOUTS[name], 1)
+    ref, _ = _trained(Plan(), 1)
+    canonical = step.canonical.to_canonical(state)
+    moments = (canonical.opt_state.mu, canonical.opt_state.nu)
+    assert max_diff(moments, (ref.opt_state.mu, ref.opt_state.nu)) <= 1e-6
+    assert max(float(np.max(np.abs(x))) for x in jax.tree.leaves(canonical.opt_state.mu)) > 1e-3
+    assert max_diff(step.canonical.from_canonical(canonical), state) == 0.0
 
 
 def test_master_weights_and_loss_scale_are_part_of_the_canonical_state():
@@ -103,7 +118,7 @@ def test_restore_into_another_plan_is_lossless(source, tmp_path):
     cfg = TrainConfig(model=MODEL)
     options = C.CheckpointOptions(str(tmp_path / "ck"), every=1)
     with C.Checkpointer(options) as ckpt:
-        ckpt.save(2, saved, C.run_meta(cfg, LAYOUTS[source], 64, [1.0, 1.0], [1.0, 1.0],
+        ckpt.save(2, saved, run_meta(cfg, LAYOUTS[source], 64, [1.0, 1.0], [1.0, 1.0],
                                              [], 100))
     for target in TARGETS:
         _, other = _trained(_plan(target), steps=0)
@@ -147,7 +162,7 @@ def test_halt_then_resume_in_process_is_bit_identical(straight, tmp_path):
     assert rest.resumed_from == 4 and any("resumed from" in n for n in notes)
     assert rest.loss_curve == full.loss_curve  # every step, bit for bit
     assert rest.val_curve == full.val_curve and rest.tokens_seen == full.tokens_seen
-    a, b = C.read_canonical(tmp_path / "ck", 8), C.read_canonical(straight[1], 8)
+    a, b = tensors.read_canonical(tmp_path / "ck", 8), tensors.read_canonical(straight[1], 8)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     lines = (tmp_path / "out-ck" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))
@@ -156,26 +171,26 @@ def test_halt_then_resume_in_process_is_bit_identical(straight, tmp_path):
 def test_an_async_save_in_flight_is_finished_at_exit(tmp_path, monkeypatch):
     """Ctrl-C right after an asynchronous save started: train stops, and the save is
     complete (and resumable) by the time the KeyboardInterrupt reaches the caller."""
-    from jaxscale.training import train as train_module
-    from jaxscale.training.train import TrainInterrupted
+    from jaxscale.training import setup as train_setup
+    from jaxscale.training.result import TrainInterrupted
 
-    update = train_module.Progress.update
+    update = train_setup.Progress.update
 
     def interrupt_at_5(self, step, info):
         if step == 5:
             raise KeyboardInterrupt
         return update(self, step, info)
-    monkeypatch.setattr(train_module.Progress, "update", interrupt_at_5)
+    monkeypatch.setattr(train_setup.Progress, "update", interrupt_at_5)
     with pytest.raises(TrainInterrupted):
         _train(tmp_path, "ck", every=4, async_save=True)
-    assert C.complete_steps(tmp_path / "ck") == [4]
-    assert not [r for r in C.listing(tmp_path / "ck") if not r["complete"]]
+    assert store.complete_steps(tmp_path / "ck") == [4]
+    assert not [r for r in store.listing(tmp_path / "ck") if not r["complete"]]
 
 
 def test_keep_deletes_the_oldest(straight):
-    assert C.complete_steps(straight[1]) == [4, 6, 8]  # keep=3 of 2, 4, 6, 8
+    assert store.complete_steps(straight[1]) == [4, 6, 8]  # keep=3 of 2, 4, 6, 8
     # deleted by a rename into the trash, which is emptied after each save
-    assert not list((straight[1] / C.TRASH).iterdir())
+    assert not list((straight[1] / store.TRASH).iterdir())
 
 
 def test_a_half_deleted_step_in_the_trash_is_never_listed_and_is_removed(straight, tmp_path):
@@ -183,12 +198,12 @@ def test_a_half_deleted_step_in_the_trash_is_never_listed_and_is_removed(straigh
     the listing never shows it, and the next run that opens the directory removes it."""
     d = tmp_path / "ck"
     shutil.copytree(straight[1], d)
-    shutil.copytree(d / "4", d / C.TRASH / "2")
-    shutil.rmtree(d / C.TRASH / "2" / "state")  # half deleted
-    assert [r["step"] for r in C.listing(d)] == [4, 6, 8]
-    assert all(r["complete"] for r in C.listing(d))
+    shutil.copytree(d / "4", d / store.TRASH / "2")
+    shutil.rmtree(d / store.TRASH / "2" / "state")  # half deleted
+    assert [r["step"] for r in store.listing(d)] == [4, 6, 8]
+    assert all(r["complete"] for r in store.listing(d))
     C.Checkpointer(C.CheckpointOptions(str(d), every=2, resume=True)).close()
-    assert not list((d / C.TRASH).iterdir()) and C.complete_steps(d) == [4, 6, 8]
+    assert not list((d / store.TRASH).iterdir()) and store.complete_steps(d) == [4, 6, 8]
 
 
 def _damage(step_dir, how):
@@ -218,12 +233,12 @@ def test_a_damaged_checkpoint_is_named_and_the_previous_one_used(straight, tmp_p
     if saving:
         assert all("moved aside" in n for n in damaged)
         assert (tmp_path / "ck" / "8.damaged").is_dir()
-        assert C.complete_steps(tmp_path / "ck") == [4, 6, 8]  # saved again, whole
+        assert store.complete_steps(tmp_path / "ck") == [4, 6, 8]  # saved again, whole
 
 
 def test_resume_refuses_another_runs_checkpoint(straight, tmp_path):
     other = replace(TINY, lr=TINY.lr / 2)
-    with pytest.raises(C.CheckpointError, match=r"lr=0.01 but this run has lr=0.005.*"
+    with pytest.raises(store.CheckpointError, match=r"lr=0.01 but this run has lr=0.005.*"
                                                 r"--accept-lr-change"):
         train(other, progress=False, checkpoint=C.CheckpointOptions(str(straight[1]),
                                                                     resume=True))
@@ -279,7 +294,7 @@ def test_bad_checkpoint_input(capsys, tmp_path, straight):
 
 def test_checkpoint_ls(capsys, straight, tmp_path):
     shutil.copytree(straight[1], tmp_path / "ck")
-    shutil.copytree(tmp_path / "ck" / "8", tmp_path / "ck" / ("10" + C.TMP_MARK))
+    shutil.copytree(tmp_path / "ck" / "8", tmp_path / "ck" / ("10" + store.TMP_MARK))
     assert cli.main(["checkpoint", "ls", str(tmp_path / "ck"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["checkpoints"]
     assert [(r["step"], r["complete"]) for r in rows] == [(4, True), (6, True), (8, True),

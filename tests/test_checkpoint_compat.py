@@ -22,8 +22,10 @@ import numpy as np
 import pytest
 
 from jaxscale.training.checkpoint import manager as C
+from jaxscale.training.checkpoint import tensors
 from jaxscale.model.config import preset
-from jaxscale.training.train import TrainConfig, train
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.loop import train
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +49,7 @@ def test_a_pre_redesign_checkpoint_resumes_as_the_old_code_did(tmp_path, target)
     got, old = np.array(r.loss_curve), np.array(want["loss_curve"])
     if _same_cpu():
         assert np.max(np.abs(got - old)) == 0.0, (target, got, old)
-        canon = C.read_canonical(tmp_path, 6)
+        canon = tensors.read_canonical(tmp_path, 6)
         sha = hashlib.sha256(b"".join(np.ascontiguousarray(canon[k]).tobytes()
                                       for k in sorted(canon))).hexdigest()
         assert sha == want["final_bytes_sha"], target

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import CACHE, ROOT
-from jaxscale.training.checkpoint import manager as C
+from jaxscale.training.checkpoint import store, tensors
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +48,8 @@ def test_checkpoints_move_between_process_counts(tmp_path):
     two = tmp_path / "from-two"
     _launch(tmp_path, "save", "--mesh", "dp=4", "--zero", "3", "--checkpoint-dir", str(two),
             "--checkpoint-every", "4", "--halt-after", "4")
-    assert C.complete_steps(two) == [4]
-    assert C.read_meta(two, 4)["processes"] == 2
+    assert store.complete_steps(two) == [4]
+    assert store.read_meta(two, 4)["processes"] == 2
     resumed = _jaxscale(*RUN, "--devices", "4", "--mesh", "pp=2,tp=2", "--micro-batches", "4",
                         "--checkpoint-dir", str(two), "--resume", "--out", str(tmp_path / "r1"))
     _near(_curve(resumed), single)
@@ -61,6 +61,6 @@ def test_checkpoints_move_between_process_counts(tmp_path):
     launched = _launch(tmp_path, "resume", "--mesh", "dp=4", "--zero", "1", "--checkpoint-dir",
                        str(one), "--checkpoint-every", "4", "--resume")
     _near(_curve(launched), single)
-    assert C.complete_steps(one) == [4, 8] and C.read_meta(one, 8)["processes"] == 2
-    a, b = C.read_canonical(one, 8), C.read_canonical(two, 4)
+    assert store.complete_steps(one) == [4, 8] and store.read_meta(one, 8)["processes"] == 2
+    a, b = tensors.read_canonical(one, 8), tensors.read_canonical(two, 4)
     assert a.keys() == b.keys() and all(np.isfinite(v).all() for v in a.values())

@@ -26,9 +26,11 @@ import pytest
 
 from conftest import CACHE, ROOT, run_python
 from jaxscale.training.checkpoint import manager as C
+from jaxscale.training.checkpoint import store, tensors
 from jaxscale.compare.strategies import STRATEGIES, strategy_plan
 from jaxscale.model.config import preset
-from jaxscale.training.train import TrainConfig, train
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.loop import train
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +55,8 @@ RESUME = textwrap.dedent("""
     from jaxscale.runtime import devices
     devices.force_cpu_devices(8)
     from jaxscale.training.checkpoint.manager import CheckpointOptions
-    from jaxscale.training.train import TrainConfig, train
+    from jaxscale.training.config import TrainConfig
+    from jaxscale.training.loop import train
     out = {}
     for name, (cfg, directory) in json.loads(sys.argv[1]).items():
         r = train(TrainConfig(**cfg), progress=False,
@@ -81,8 +84,8 @@ def test_every_default_strategy_resumes_bit_for_bit_in_a_new_process(tmp_path):
     for name in CASES:
         assert resumed[name]["resumed_from"] == 20
         assert resumed[name]["loss_curve"] == straight[name].loss_curve, name
-        a = C.read_canonical(tmp_path / name.replace(" ", "_") / "straight", 40)
-        b = C.read_canonical(jobs[name][1], 40)
+        a = tensors.read_canonical(tmp_path / name.replace(" ", "_") / "straight", 40)
+        b = tensors.read_canonical(jobs[name][1], 40)
         assert max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a) == 0.0, name
     assert straight["fp16 micro-batches"].loss_scale > 0  # its state carries the scale too
 
@@ -129,21 +132,21 @@ def _jaxscale(args, **kw):
 
 
 def _incomplete(d):
-    return [r for r in C.listing(d) if not r["complete"]] if d.exists() else []
+    return [r for r in store.listing(d) if not r["complete"]] if d.exists() else []
 
 
 def _saving(d) -> bool:
-    return any(C.TMP_MARK in x.name for x in d.glob("*"))
+    return any(store.TMP_MARK in x.name for x in d.glob("*"))
 
 
 def _kill_once(d, args, rng, during_save: bool, timeout=120.0):
     """Start a run, wait until it has saved one new checkpoint (so every round makes
     progress), then SIGKILL it: the moment its next save starts (+ 0-40 ms), or at a
     random instant within the next 1.5 s. False if the run finished first."""
-    before = max(C.complete_steps(d), default=0)
+    before = max(store.complete_steps(d), default=0)
     p = _jaxscale(args)
     deadline = time.monotonic() + timeout
-    while max(C.complete_steps(d), default=0) <= before and p.poll() is None:
+    while max(store.complete_steps(d), default=0) <= before and p.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.005)
     if during_save:
@@ -166,13 +169,13 @@ def test_sigkill_at_random_instants_resumes_bit_for_bit(tmp_path):
     kills = during_save = 0
     for i in range(KILLS):
         args = [*KILL_ARGS, "--checkpoint-dir", str(d), "--out", str(tmp_path / "out"),
-                *(["--resume"] if C.complete_steps(d) else []),
+                *(["--resume"] if store.complete_steps(d) else []),
                 *(["--async-checkpoint"] if i % 2 else [])]  # sync and async saves alike
         assert _kill_once(d, args, rng, during_save=i % 3 != 2), "finished before the kill"
         kills += 1
         left = _incomplete(d)
         during_save += bool(left)
-        assert all(C.TMP_MARK in r["path"] for r in left)  # listed until the next run
+        assert all(store.TMP_MARK in r["path"] for r in left)  # listed until the next run
     final = _jaxscale([*KILL_ARGS, "--checkpoint-dir", str(d), "--out", str(tmp_path / "out"),
                        "--resume"])
     out, err = final.communicate(timeout=600)
@@ -183,7 +186,7 @@ def test_sigkill_at_random_instants_resumes_bit_for_bit(tmp_path):
     resumed, straight = json.loads(out), json.loads(ref_out)
     assert resumed["resumed_from"] is not None
     assert resumed["loss_curve"] == straight["loss_curve"]  # bit for bit, every step
-    a, b = C.read_canonical(d, 300), C.read_canonical(tmp_path / "ref", 300)
+    a, b = tensors.read_canonical(d, 300), tensors.read_canonical(tmp_path / "ref", 300)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     print(f"{kills} kills, {during_save} of them during a save")
     assert kills >= 20 and during_save >= KILLS // 3
@@ -196,14 +199,18 @@ def test_sigkill_at_random_instants_resumes_bit_for_bit(tmp_path):
 FULL_DISK = textwrap.dedent("""
     import json, resource, signal, sys
     from jaxscale.training.checkpoint import manager as C
-    from jaxscale.training.train import TrainConfig, init_state
-    from jaxscale.model.transformer import preset
-    from jaxscale.parallel.plan import Plan, build_train_step
+    from jaxscale.training.checkpoint import store
+    from jaxscale.training.checkpoint.meta import run_meta
+    from jaxscale.training.config import TrainConfig
+    from jaxscale.training.reference import init_state
+    from jaxscale.model.config import preset
+    from jaxscale.parallel.plan import Plan
+    from jaxscale.parallel.build import build_train_step
     cfg = TrainConfig(model="tiny")
     _, params, opt = init_state(cfg)
     init, step = build_train_step(preset("tiny"), Plan(), opt)
     canonical = step.canonical.to_canonical(init(params))
-    meta = C.run_meta(cfg, Plan(), 0, [], [], [], 0)
+    meta = run_meta(cfg, Plan(), 0, [], [], [], 0)
     options = C.CheckpointOptions(sys.argv[1], every=1, async_save=sys.argv[2] == "async")
     ckpt = C.Checkpointer(options)
     ckpt.save(1, canonical, meta)
@@ -220,7 +227,7 @@ FULL_DISK = textwrap.dedent("""
     except C.CheckpointWriteError as e:
         error = str(e)
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    print(json.dumps({"error": error, "steps": C.complete_steps(sys.argv[1])}))
+    print(json.dumps({"error": error, "steps": store.complete_steps(sys.argv[1])}))
 """)
 
 
@@ -231,5 +238,5 @@ def test_a_disk_that_refuses_writes_leaves_the_previous_checkpoint_whole(tmp_pat
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["error"] and "the checkpoint of step 1 is intact" in got["error"], got
     assert got["steps"] == [1]
-    restored = C.read_canonical(tmp_path / "ck", 1)
+    restored = tensors.read_canonical(tmp_path / "ck", 1)
     assert restored and all(np.isfinite(v).all() for v in restored.values())

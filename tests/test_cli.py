@@ -7,7 +7,7 @@ from importlib import metadata
 import jax
 import pytest
 
-from jaxscale.training import train as train_module
+from jaxscale.training import setup as train_setup
 from jaxscale.runtime.compile_cache import enable_compilation_cache
 from jaxscale.cli.main import main
 from jaxscale.model.config import param_count, preset
@@ -157,13 +157,13 @@ def test_nan_loss_exits_1_with_one_line(capsys, tmp_path):
 
 
 def test_ctrl_c_saves_what_ran_and_exits_130(capsys, tmp_path, monkeypatch):
-    class CtrlCAtStep2(train_module.Progress):
+    class CtrlCAtStep2(train_setup.Progress):
         def update(self, step, info):
             if step == 2:
                 raise KeyboardInterrupt
             super().update(step, info)
 
-    monkeypatch.setattr(train_module, "Progress", CtrlCAtStep2)
+    monkeypatch.setattr(train_setup, "Progress", CtrlCAtStep2)
     assert main([*DIVERGING, "--out", str(tmp_path)]) == 130
     err = capsys.readouterr().err
     assert "Traceback" not in err and "interrupted after 2 steps of 8" in err, err

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from jaxscale.compare import strategies as C
+from jaxscale.compare.predict import predict
 from jaxscale.model import optim
 from jaxscale.cli.main import main
 
@@ -63,7 +64,7 @@ def test_eight_device_strategies_match_their_predictions(devices, name):
     plan = C.check_strategies([name], 8, cfg)[name]
     row = C.run_strategy(name, plan, cfg, params, FixedBatches([batch]), optim.adamw(3e-3),
                          devices, time_steps=False)
-    pred = C.predict(cfg, plan, batch["tokens"].shape)
+    pred = predict(cfg, plan, batch["tokens"].shape)
     m = row["memory"]
     assert m["params"] + m["master"] + m["optimizer"] == \
         pred["states"]["params"] + pred["states"]["optimizer"]
@@ -120,7 +121,11 @@ def test_abstract_compiles_a_big_model_without_running_it(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["rows"]
     for row in rows:
-        assert abs(row["rel_diff"]) < 1e-6, row  # only the optimizer's step count differs
+        # bytes, not rounding: XLA's arguments exceed the formula by the optimizer's step
+        # counters alone (16 bytes in every row: 1e-9 to 1e-8 of 1.5-12 GB a device); 1e-6
+        # of that is under half of the smallest tensor's share (the final LayerNorm's 2,048
+        # entries with Adam's moments: 24 kB, 3 kB a device under ZeRO-3)
+        assert abs(row["rel_diff"]) < 1e-6, row
 
 
 # --- the loss bound: measured noise, and genuine bugs that must fail ------------------------
@@ -148,7 +153,7 @@ def _batches(n=N_BATCHES):
     import numpy as np
 
     from jaxscale import garden
-    from jaxscale.training.train import as_arrays
+    from jaxscale.training.reference import as_arrays
     it = garden.make_corpus(0).train_batches(32, seed=1)
     batches = []
     for _ in range(n):
@@ -228,8 +233,8 @@ def test_compile_source_says_whether_the_cache_supplied_the_program():
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxscale.measure import hlo as measure
+    from jaxscale.measure import timing
     salt = float(np.random.default_rng().integers(1 << 30))  # a program no cache has seen
     lower = lambda: jax.jit(lambda x: jnp.sin(x) * salt).lower(jnp.ones(3))  # noqa: E731
-    assert measure.compile_timed(lower())[2] == "compiled"
-    assert measure.compile_timed(lower())[2] == "cache"  # the suite's persistent cache
+    assert timing.compile_timed(lower())[2] == "compiled"
+    assert timing.compile_timed(lower())[2] == "cache"  # the suite's persistent cache

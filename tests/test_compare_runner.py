@@ -81,10 +81,10 @@ def test_a_gpu_sized_model_is_refused_once_the_worker_finds_only_cpu_devices(mon
     import io
     import json
 
-    from jaxscale.compare import run as compare_runner
+    from jaxscale.compare import worker as compare_worker
     spec = {"model": "mid", "devices": 8, "platform": "auto"}  # the suite's 8 CPU devices
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(spec) + "\n"))
-    assert compare_runner.worker() == 2
+    assert compare_worker.worker() == 2
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["event"] for e in events] == ["error"]
     assert "model 'mid' is sized for GPU/TPU" in events[0]["message"]

@@ -13,11 +13,12 @@ from jax.sharding import Mesh, PartitionSpec as P
 from jaxscale.model import attention as A, transformer as M
 from jaxscale import garden
 from jaxscale.measure import hlo as measure
+from jaxscale.measure import compare_trees
 from jaxscale.parallel import context as C
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.build import build_train_step
 
-from conftest import KEEP_GRADIENT, one_step
+from conftest import KEEP_GRADIENT, fp32_sum_bound, one_step, setup
 from jaxscale.model import config as model_config
 
 B, T, H, K = 2, 64, 2, 8
@@ -127,30 +128,32 @@ def _loss_and_grads(cfg, params, batch, plan):
 def test_context_parallel_step_equals_one_device(layout):
     """A whole training step on 1,024-token packed rows with document masks: the loss within
     sqrt(n) eps_fp32 relative (n ~ 4,000 target tokens, ~7e-6: an n-term fp32 sum in
-    another order) and every gradient within 1e-5 relative (measure.max_rel_diff)."""
+    another order) and every gradient within 1e-5 relative (compare_trees.max_rel_diff)."""
     cfg, params, batch = _long()
     ref_loss, ref = _loss_and_grads(cfg, params, batch, Plan())
     loss, grads = _loss_and_grads(cfg, params, batch, Plan.parse(layout))
     n = float(batch["mask"].sum())
     assert abs(loss - ref_loss) <= np.sqrt(n) * np.finfo(np.float32).eps * ref_loss
-    assert measure.max_rel_diff(grads, ref) <= 1e-5
+    assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
 
 
 @pytest.mark.parametrize("plan", [dict(tp=2, sequence_parallel=True),
                                   dict(dp=2, tp=2, zero_stage=3),
                                   dict(dp=2, cp=2, tp=2, sequence_parallel=True, zero_stage=3)])
 def test_sequence_parallel_and_fsdp_tp_gradients_equal_one_device(plan):
-    """One step of tiny: loss within 1e-6 relative (~2,000 tokens), gradients 1e-5."""
+    """One step of tiny: the loss, a sum over n = 682 target tokens in another order, within
+    fp32_sum_bound(n) = sqrt(n) eps_fp32 = 3.1e-6 relative (measured up to 1.03e-6 on one
+    CPU, where a fixed 1e-6 failed); gradients 1e-5."""
     ref, ref_loss, _, _ = one_step("tiny")
     grads, loss, _, _ = one_step("tiny", **plan)
-    assert abs(loss - ref_loss) <= 1e-6 * ref_loss
-    assert measure.max_rel_diff(grads, ref) <= 1e-5
+    assert abs(loss - ref_loss) <= fp32_sum_bound(setup("tiny")[2]["mask"].sum()) * ref_loss
+    assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
 
 
 def test_sequence_parallel_splits_each_all_reduce_into_its_halves():
     """tp's activation all-reduces become all-gathers and reduce-scatters of the same bytes
     (HLO), and the parameters tp does not split get their gradients summed over tp."""
-    from jaxscale.compare.strategies import predict
+    from jaxscale.compare.predict import predict
     sent = {}
     for sp in (False, True):
         _, _, step, state = one_step("tiny", tp=2, sequence_parallel=sp)
@@ -170,18 +173,18 @@ def test_sequence_parallel_splits_each_all_reduce_into_its_halves():
                                     "dp=2,tp=2,pp=2,zero=3,micro_batches=4",
                                     "dp=2,pp=2,zero=2,micro_batches=4,schedule=interleaved,virtual=2"])
 def test_zero_in_a_pipeline_equals_one_device_and_sends_what_is_predicted(layout):
-    """ZeRO-2 and -3 inside pipelines (tiny8): loss within 1e-6 relative and gradients 1e-5
-    of one device; the HLO's bytes per op equal compare.predict's (counted per tick)."""
-    from jaxscale.compare.strategies import predict
+    """ZeRO-2 and -3 inside pipelines (tiny8): the loss (a sum over n = 682 target tokens in
+    another order) within fp32_sum_bound(n) = sqrt(n) eps_fp32 = 3.1e-6 relative, gradients
+    1e-5 of one device; the HLO's bytes per op equal compare.predict's (counted per tick)."""
+    from jaxscale.compare.predict import predict
     from jaxscale.parallel.pipeline import tick_table
-    from conftest import setup
     cfg, params, batch = setup("tiny8")
     plan = Plan.parse(layout)
     ref_loss, ref = _loss_and_grads(cfg, params, batch, Plan())
     loss, grads = _loss_and_grads(cfg, params, batch, plan)
-    assert abs(loss - ref_loss) <= 1e-6 * ref_loss
+    assert abs(loss - ref_loss) <= fp32_sum_bound(batch["mask"].sum()) * ref_loss
     if plan.zero_stage == 3:  # (ZeRO-2 keeps its gradient trace in flat slices)
-        assert measure.max_rel_diff(grads, ref) <= 1e-5
+        assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
     init, step = build_train_step(cfg, plan, optax.adam(1e-3))
     hlo = step.jitted.lower(init(params), step.place_batch(batch)).as_text(dialect="hlo")
     share = tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).branch_share()
@@ -221,7 +224,6 @@ def test_new_layouts_convert_to_the_canonical_state_and_back(plan):
     holds) against the single device's: parameters and momentum within 1e-5 relative (Adam's
     first steps would turn ulps in a near-zero gradient into whole steps); and
     from_canonical(to_canonical(state)) gives the plan's state back bit for bit."""
-    from conftest import setup
     cfg, params, batch = setup("tiny")
     states = {}
     for p in (Plan(), Plan(**plan)):
@@ -234,8 +236,8 @@ def test_new_layouts_convert_to_the_canonical_state_and_back(plan):
     state, step = states[8]
     canonical = step.canonical.to_canonical(state)
     ref = states[1][1].canonical.to_canonical(states[1][0])
-    assert measure.max_rel_diff(canonical.params, ref.params) <= 1e-5
-    assert measure.max_rel_diff(canonical.opt_state[0].trace, ref.opt_state[0].trace) <= 1e-5
+    assert compare_trees.max_rel_diff(canonical.params, ref.params) <= 1e-5
+    assert compare_trees.max_rel_diff(canonical.opt_state[0].trace, ref.opt_state[0].trace) <= 1e-5
     back = step.canonical.from_canonical(canonical)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
         assert np.array_equal(np.asarray(a), np.asarray(b))

@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxscale import costmodel, garden
 from jaxscale.measure import hlo as measure
+from jaxscale.measure import compare_trees
 from jaxscale.model import optim
 from jaxscale.runtime.mesh import make_mesh
 from jaxscale.model.loss import loss_fn, nll_and_count
@@ -17,8 +18,11 @@ from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_i
     shard_mean_of_means)
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.build import build_train_step
-from jaxscale.training.train import TrainConfig, as_arrays, init_state
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import as_arrays, init_state
 from jaxscale.model import config as model_config
+
+from conftest import fp32_sum_bound
 
 CFG = model_config.preset("tiny")
 
@@ -43,8 +47,10 @@ def test_gradients_equal_single_device(devices, dp, micro):
     graphdef, params, batches = setup()
     ref_loss, ref = jax.value_and_grad(lambda p: loss_fn(graphdef, p, batches[0]))(params)
     loss, grads = dp_grads(graphdef, dp, micro)(params, batches[0])
-    assert measure.max_rel_diff(grads, ref) <= 1e-5
-    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
+    assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
+    # the loss sums the batch's n = 608 target tokens in another order: sqrt(n) eps = 2.9e-6
+    assert float(loss) == pytest.approx(float(ref_loss),
+                                        rel=fp32_sum_bound(batches[0]["mask"].sum()))
 
 
 def test_the_other_convention_would_give_dp_times_the_gradient(devices):
@@ -60,8 +66,8 @@ def test_the_other_convention_would_give_dp_times_the_gradient(devices):
     wrong = jax.jit(jax.shard_map(double_counted, mesh=mesh, in_specs=(P(), P(AXIS)),
                                   out_specs=P()))(params, batches[0])
     ref = jax.grad(lambda p: loss_fn(graphdef, p, batches[0]))(params)
-    assert measure.max_rel_diff(wrong, ref) > 6  # off by 7x the gradient itself
-    assert measure.max_rel_diff(jax.tree.map(lambda w: w / 8, wrong), ref) <= 1e-5
+    assert compare_trees.max_rel_diff(wrong, ref) > 6  # off by 7x the gradient itself
+    assert compare_trees.max_rel_diff(jax.tree.map(lambda w: w / 8, wrong), ref) <= 1e-5
 
 
 @pytest.mark.slow
@@ -77,7 +83,9 @@ def test_60_step_loss_curve_and_identical_replicas(devices):
         b, mb = step8(b, batch)
         worst = max(worst, abs(float(mb["loss"]) - float(ma["loss"])) / float(ma["loss"]))
         assert replicas_identical((b.params, b.opt_state))  # each device's own copy
-    assert worst <= 1e-5, worst  # measured ~1.1e-6
+    # a loss curve: each step sums its n <= 825 tokens in another order (c = 1) and the
+    # parameters drift apart by rounding; c = 3 (1.0e-5) leaves room for both
+    assert worst <= fp32_sum_bound(max(x["mask"].sum() for x in batches), c=3), worst  # 1.1e-6
 
 
 def test_accumulation_equals_one_big_batch_and_mean_of_means_does_not():
@@ -100,7 +108,8 @@ def test_accumulation_equals_one_big_batch_and_mean_of_means_does_not():
     sums = [jax.value_and_grad(lambda p, m=m: nll_and_count(graphdef, p, m)[0])(params)
             for m in micro]
     acc = jax.tree.map(lambda *g: sum(g) / sum(counts), *[g for _, g in sums])
-    assert measure.max_rel_diff(acc, ref) <= 1e-6
+    # each gradient entry sums the n = 1,045 tokens' contributions in another order
+    assert compare_trees.max_rel_diff(acc, ref) <= fp32_sum_bound(sum(counts))  # 3.9e-6
     mean_of_means = np.mean([float(s) / c for (s, _), c in zip(sums, counts)])
     assert abs(mean_of_means - float(ref_loss)) > 1e-3
     assert all(abs(c - w) < 8 for c, w in zip(counts, (500, 100, 400, 50))), counts
@@ -125,7 +134,7 @@ def test_mean_of_shard_means_is_wrong_when_token_counts_differ(devices):
     r = shard_mean_of_means(graphdef, params, batches[0], 8)
     assert len(set(r["tokens_per_shard"])) > 1
     assert r["token_weighted"] == pytest.approx(float(loss_fn(graphdef, params, batches[0])),
-                                                rel=1e-6)
+                                                rel=fp32_sum_bound(batches[0]["mask"].sum()))
     assert r["difference"] != 0.0
 
 

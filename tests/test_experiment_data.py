@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 
 from experiments import data as D
-from jaxscale.data import lsh
+from jaxscale.data.lsh_params import candidate_probability, optimal_params
+from jaxscale.data.lsh_scurve import SCurveRow
 from jaxscale.data.shingles import jaccard, shingle_set
+from jaxscale.garden import make_corpus
+from jaxscale.garden.language import score_document
 
 
 @pytest.fixture
@@ -53,14 +56,14 @@ def test_part_b_lecture_points_and_measured_rates(lab, tmp_path, monkeypatch):
     assert res["pairs"]["recorded_vs_exact_max_diff"] < 1e-12
     (b20, pipeline) = res["curves"]
     assert (b20["bands"], b20["rows"], b20["k"]) == (20, 5, 100)
-    assert (pipeline["bands"], pipeline["rows"]) == lsh.optimal_params(0.7, 128)
+    assert (pipeline["bands"], pipeline["rows"]) == optimal_params(0.7, 128)
     n_pairs = res["pairs"]["derived_pairs"] + res["pairs"]["random_pairs"]
     for c in res["curves"]:
         assert sum(x["pairs"] for x in c["bins"]) == n_pairs
         for x in c["bins"]:
             if x["pairs"]:
                 assert x["lo"] <= x["mean_jaccard"] <= x["hi"]
-                assert x["formula_at_mean"] == pytest.approx(lsh.candidate_probability(
+                assert x["formula_at_mean"] == pytest.approx(candidate_probability(
                     x["mean_jaccard"], c["bands"], c["rows"]))
                 assert abs(x["sigmas"]) < 4  # measured within 4 stated standard errors
         # the curve rises: the top bin is caught, the bottom one is not
@@ -70,7 +73,7 @@ def test_part_b_lecture_points_and_measured_rates(lab, tmp_path, monkeypatch):
 
 
 def test_sigmas_of_a_bin_without_spread():
-    row = lsh.SCurveRow(0.9, 1.0, 5, 1.0, 1.0, 1.0, 0.0)
+    row = SCurveRow(0.9, 1.0, 5, 1.0, 1.0, 1.0, 0.0)
     assert D.sigmas(row) == 0.0
     assert D.sigmas(row._replace(measured=0.8)) == math.inf
     assert D.sigmas(row._replace(measured=0.8, stderr=0.1)) == pytest.approx(-2.0)
@@ -107,7 +110,7 @@ def test_part_c_counts_add_up(lab, tmp_path, monkeypatch):
         # verification drops only pairs below the threshold: no true pair is lost
         assert x["after"]["true_positives"] == x["before"]["true_positives"]
         assert x["candidates_per_page"] == pytest.approx(x["candidates"] / x["pages"])
-        assert (x["bands"], x["rows"]) == lsh.optimal_params(x["threshold"], 128)
+        assert (x["bands"], x["rows"]) == optimal_params(x["threshold"], 128)
     # verified pairs at the pipeline's threshold, clustered, keep what clean() kept
     assert res["same_pages_kept"] and res["removed_by_verified_pairs"] == res["removed_by_clean"]
     # the funnel: each bar is what the stage before it let through
@@ -143,7 +146,6 @@ def test_dedup_corpora_remove_the_planted_copies(monkeypatch):
 
 
 def test_steps_for_tokens_matches_what_train_counts():
-    from jaxscale.garden import make_corpus
     docs = make_corpus(0, 50, 4, 64).train
     per_step = D.step_tokens(docs, 64, 0, 30)
     assert len(per_step) == 30 and per_step.min() > 0
@@ -172,8 +174,6 @@ def test_part_d_runs_end_to_end(lab, tmp_path, monkeypatch):
 
 
 def test_language_loss_is_token_weighted():
-    from jaxscale.garden import make_corpus
-    from jaxscale.garden.language import score_document
     docs = make_corpus(0, 8, 4, 64).train[:3]
     nll = np.concatenate([score_document(d)[0] for d in docs])
     got = D.language_loss(docs)

@@ -34,7 +34,9 @@ def test_bad_parts_is_a_usage_error():
 
 
 def test_naive_adam_drifts_from_optax_but_stays_close():
-    """Same maths in another order: not bit-identical, yet close after 100 steps."""
+    """Same maths in another order: not bit-identical, yet close after 100 steps: closer to
+    optax than optax is to itself with a learning rate 0.1% higher (the control), by a wide
+    margin (measured: drift 0.005, control 0.10)."""
     import optax
     from experiments.optimizers import naive_adam
     from test_optim import max_abs_diff, problem, trajectory
@@ -42,9 +44,11 @@ def test_naive_adam_drifts_from_optax_but_stays_close():
     graphdef, params, batches = problem()
     naive = jax.jit(lambda: trajectory(naive_adam(1e-2), params, graphdef, batches)[0][0])()
     ref = jax.jit(lambda: trajectory(optax.adam(1e-2), params, graphdef, batches)[0][0])()
+    control = jax.jit(lambda: trajectory(optax.adam(1e-2 * 1.001), params, graphdef,
+                                         batches)[0][0])()
     drift = max_abs_diff(naive, ref)
     assert 0.0 < drift < 0.05, drift
-    assert np.isfinite(drift)
+    assert drift < max_abs_diff(control, ref) / 5, drift
 
 
 def test_bias_correction_multiplier_matches_lecture_values():

@@ -44,7 +44,7 @@ def test_a_bf16_step_with_cudnn_attention_has_the_reference_loss():
     from conftest import setup
     from jaxscale.parallel.plan import Plan
     from jaxscale.parallel.build import build_train_step
-    from jaxscale.training.train import make_optimizer
+    from jaxscale.training.config import make_optimizer
     cfg, params, batch = setup("small")
     losses = {}
     for kernel in ("einsum", "cudnn"):

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import CACHE, ROOT
+from conftest import CACHE, ROOT, fp32_sum_bound
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,8 @@ def _ours(marker: str) -> list[int]:
 
 def test_two_processes_train_like_one_and_stop_together(tmp_path):
     """2 processes x 2 devices against 1 process x 4, same mesh dp=2,tp=2: the same losses
-    (within 1e-6 relative: gloo sums in another order) and both stop at the first
+    (gloo sums in another order: within fp32_sum_bound(n) = sqrt(n) eps_fp32 relative, n the
+    target tokens of a step, ~330; the validation loss sums more) and both stop at the first
     validation (--stop-gap, decided on process 0 and broadcast); only process 0 writes."""
     one = _jaxscale(*TRAIN, "--devices", "4", "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-2000:]
@@ -64,8 +65,9 @@ def test_two_processes_train_like_one_and_stop_together(tmp_path):
     assert "[Gloo] Rank 1" in (tmp_path / "logs" / "process-1.log").read_text()  # all kept
     assert a["steps_run"] == b["steps_run"] == 3  # stopped at the first validation, together
     rel = np.abs(np.subtract(a["loss_curve"], b["loss_curve"])) / np.abs(a["loss_curve"])
-    assert rel.max() <= 1e-6, rel
-    assert abs(a["val_loss"] - b["val_loss"]) / a["val_loss"] <= 1e-6
+    assert rel.max() <= fp32_sum_bound(a["tokens_seen"] / a["steps_run"]), rel
+    assert (abs(a["val_loss"] - b["val_loss"]) / a["val_loss"]
+            <= fp32_sum_bound(a["tokens_seen"] / a["steps_run"]))
     assert a["tokens_seen"] == b["tokens_seen"]
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == [
         "loss_curve.png", "metrics.jsonl", "result.json"]
@@ -78,9 +80,10 @@ ROWS = r"""
 import json, sys
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from jaxscale import distributed as D, garden
+from jaxscale import garden
 from jaxscale.data.sampler import StepBatches
-from jaxscale.runtime.devices import make_mesh
+from jaxscale.runtime import processes as D
+from jaxscale.runtime.mesh import make_mesh
 from jax.experimental import multihost_utils
 D.start(D.Cluster(f"127.0.0.1:{sys.argv[2]}", 2, int(sys.argv[1]), 5, 10), 4)
 data = StepBatches(garden.make_corpus(0).train, 16, 64, seed=3, record=True)

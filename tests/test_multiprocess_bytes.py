@@ -86,7 +86,8 @@ def test_axis_crossing_share_follows_the_placement(axes, share):
 
 
 def test_the_prediction_splits_predict_by_axis_and_adds_up():
-    from jaxscale.compare.strategies import STRATEGIES, predict, predictable, strategy_plan
+    from jaxscale.compare.predict import predict, predictable
+    from jaxscale.compare.strategies import STRATEGIES, strategy_plan
     cfg = model_config.preset("tiny")
     shape = (32, cfg.seq_len)
     for name in STRATEGIES:
@@ -114,7 +115,8 @@ def test_measured_crossing_bytes_match_the_prediction(devices, name):
     """The HLO of a real step, read with the 2 x 4 map, against the placement's prediction:
     the replica groups JAX writes follow the mesh as the prediction assumes."""
     from jaxscale.model import optim
-    from jaxscale.compare.strategies import predict, strategy_plan
+    from jaxscale.compare.predict import predict
+    from jaxscale.compare.strategies import strategy_plan
     from jaxscale.parallel.build import build_train_step
     from jaxscale.parallel.pipeline import tick_table
     from conftest import setup
@@ -144,7 +146,8 @@ def _row(name, plan, predicted, sent, cross=None):
 
 
 def _result(processes):
-    from jaxscale.compare.strategies import predict, strategy_plan
+    from jaxscale.compare.predict import predict
+    from jaxscale.compare.strategies import strategy_plan
     cfg = model_config.preset("tiny")
     dp = strategy_plan("dp", 8, cfg)
     pred = predict(cfg, dp, (32, cfg.seq_len))

@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from jaxscale import garden
 from jaxscale.model import optim
 from jaxscale.model.config import param_count, preset
-from jaxscale.training.train import TrainConfig, as_arrays, init_state, loss_fn
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import as_arrays, init_state
+from jaxscale.model.loss import loss_fn
 
 STEPS = 100
 HYPOTHESIS = settings(max_examples=6, deadline=None, derandomize=True,

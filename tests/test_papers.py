@@ -139,14 +139,19 @@ def test_zero_table2_max_model_sizes():
 
 
 def test_narayanan_bubble_and_ours_agree_on_one_pipeline():
-    """(p-1)/m and (p-1)/(v m) over the ideal time; our simulator measures idle over the whole
-    time, (p-1)/(v m + p - 1): the same bubble b, reported as b / (1 - b) and b."""
-    from jaxscale.parallel.schedules import bubble_over_total
+    """(p-1)/m and (p-1)/(v m) over the ideal time; what our simulator measures (its
+    timeline's idle share) and what the executor runs (the tick table's idle share) is idle
+    over the whole time, (p-1)/(v m + p - 1): the same bubble b, reported as b / (1 - b)
+    and b."""
+    from jaxscale.parallel.pipeline import IDLE, tick_table
+    from jaxscale.parallel.schedules import run
 
     for p, m, v, schedule in ((4, 8, 1, "1f1b"), (8, 16, 1, "gpipe"), (4, 8, 2, "interleaved")):
-        measured = float(bubble_over_total(schedule, p, m, v))
-        assert measured == pytest.approx(cm.bubble_over_total(p, m, v))
-        assert cm.bubble_over_ideal(p, m, v) == pytest.approx(measured / (1 - measured))
+        simulated = float(run(schedule, p, m, v).idle_fraction)
+        executed = tick_table(schedule, p, m, v).branch_share()[IDLE]
+        assert simulated == pytest.approx(cm.bubble_over_total(p, m, v))
+        assert executed == pytest.approx(cm.bubble_over_total(p, m, v))
+        assert cm.bubble_over_ideal(p, m, v) == pytest.approx(simulated / (1 - simulated))
         assert cm.bubble_over_ideal(p, m, v) == (p - 1) / (v * m)
 
 

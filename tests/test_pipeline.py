@@ -4,13 +4,14 @@ import jax
 import pytest
 
 from jaxscale.measure import hlo as measure
+from jaxscale.measure import compare_trees, memory
 from jaxscale.model import optim
 from jaxscale.parallel import schedules as sched
 from jaxscale.parallel.pipeline import BACKWARD, FORWARD, tick_table
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.build import build_train_step
 
-from conftest import one_step, setup
+from conftest import fp32_sum_bound, one_step, setup
 from jaxscale.model import config as model_config
 
 CASES = [("gpipe", 2, 1), ("gpipe", 2, 8), ("gpipe", 4, 4), ("1f1b", 2, 2), ("1f1b", 4, 1),
@@ -20,13 +21,15 @@ CASES = [("gpipe", 2, 1), ("gpipe", 2, 8), ("gpipe", 4, 4), ("1f1b", 2, 2), ("1f
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule, pp, m", CASES)
 def test_gradients_equal_the_unpipelined_model(devices, schedule, pp, m):
-    """Micro-batches and stages only regroup the same sums: measured <= 3e-7 per tensor
-    (relative to its scale, floored at 1e-4 of the largest gradient); bound 1e-6."""
+    """Micro-batches and stages only regroup the same sums over the n = 682 target tokens:
+    measured <= 6e-7 per tensor (relative to its scale, floored at 1e-4 of the largest
+    gradient); bound fp32_sum_bound(n) = sqrt(n) eps_fp32 = 3.1e-6, for the loss (relative)
+    and for each gradient tensor (of its largest entry)."""
     ref, ref_loss, _, _ = one_step("tiny8")
     grads, loss, _, _ = one_step("tiny8", pp=pp, micro_batches=m, schedule=schedule,
                                  virtual=2 if schedule == "interleaved" else 1)
-    assert abs(loss - ref_loss) <= 1e-6 * ref_loss
-    assert measure.max_rel_diff(grads, ref) <= 1e-6
+    assert abs(loss - ref_loss) <= fp32_sum_bound(setup("tiny8")[2]["mask"].sum()) * ref_loss
+    assert compare_trees.max_rel_diff(grads, ref) <= fp32_sum_bound(setup("tiny8")[2]["mask"].sum())
 
 
 @pytest.mark.parametrize("schedule, p, m, v", [("gpipe", 4, 6, 1), ("1f1b", 4, 6, 1),
@@ -55,7 +58,7 @@ def test_1f1b_keeps_fewer_activations_than_gpipe(devices):
     for schedule in ("gpipe", "1f1b"):
         _, _, step, state = one_step("tiny8", pp=2, micro_batches=8, schedule=schedule)
         compiled = step.jitted.lower(state, step.place_batch(batch)).compile()
-        temps[schedule] = measure.memory(compiled)["temporaries"]
+        temps[schedule] = memory.memory(compiled)["temporaries"]
     b, s = batch["tokens"].shape
     one_input = b // 8 * s * cfg.d_model * 4
     assert temps["gpipe"] - temps["1f1b"] >= (8 - 2) * one_input
@@ -65,7 +68,7 @@ def test_1f1b_keeps_fewer_activations_than_gpipe(devices):
 def test_three_d_loss_curve_equals_the_single_device(devices):
     cfg, params, _ = setup("tiny8")
     from jaxscale import garden
-    from jaxscale.training.train import as_arrays
+    from jaxscale.training.reference import as_arrays
     it = garden.make_corpus(0).train_batches(32, seed=5)
     batches = [as_arrays(next(it)) for _ in range(20)]
     curves = {}
@@ -76,7 +79,10 @@ def test_three_d_loss_curve_equals_the_single_device(devices):
             state, m = step(state, b)
             curve.append(float(m["loss"]))
         curves[plan.n_devices] = curve
-    assert max(abs(a - b) / b for a, b in zip(curves[8], curves[1])) <= 1e-5
+    # a loss curve: each step sums its n <= 774 tokens in another order (c = 1) and the
+    # parameters drift apart by rounding; c = 3 (9.9e-6) leaves room for both (7.8e-7)
+    assert (max(abs(a - b) / b for a, b in zip(curves[8], curves[1]))
+            <= fp32_sum_bound(max(x["mask"].sum() for x in batches), c=3))
 
 
 def test_three_d_bytes_per_axis_from_the_hlo_match_the_schedule(devices):

@@ -11,7 +11,8 @@ from jaxscale import garden
 from jaxscale.model import optim, precision as P
 from jaxscale.training import sweep
 from jaxscale.model.config import param_count, preset
-from jaxscale.training.train import TrainConfig, init_state, make_train_step
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import init_state, make_train_step
 from jaxscale.model import formats
 from jaxscale.parallel import step as steplib
 

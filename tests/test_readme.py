@@ -13,11 +13,14 @@ import re
 import shlex
 from pathlib import Path
 
+import jax
 import pytest
 
-from jaxscale.training import train as train_module
+from jaxscale.training import loop as train_loop
 from jaxscale.cli.main import main
 from jaxscale.runtime import processes
+from jaxscale.training import reference
+from jaxscale.training.config import TrainConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CALCULATORS = {"memory", "comm", "failures", "plan", "schedule"}
@@ -95,21 +98,22 @@ def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
     checkpoint of its config (from one device: checkpoints do not depend on the plan)."""
     from dataclasses import replace
 
-    from jaxscale.training.checkpoint.manager import Checkpointer, run_meta
+    from jaxscale.training.checkpoint.manager import Checkpointer
+    from jaxscale.training.checkpoint.meta import run_meta
     from jaxscale.model.config import preset
     from jaxscale.parallel.plan import Plan
     from jaxscale.parallel.build import build_train_step
 
     def save(cfg, checkpoint=None, **kwargs):
-        _, params, optimizer = train_module.init_state(cfg)
+        _, params, optimizer = reference.init_state(cfg)
         init, step = build_train_step(preset(cfg.model), Plan(precision=cfg.precision),
-                                      optimizer, train_module.jax.devices()[:1])
+                                      optimizer, jax.devices()[:1])
         with Checkpointer(replace(checkpoint, resume=False)) as ckpt:
             ckpt.save(0, step.canonical.to_canonical(init(params)),
                       run_meta(cfg, cfg.plan(), 0, [], [], [], 0))
         raise _Stop
 
-    monkeypatch.setattr(train_module, "train", save)
+    monkeypatch.setattr(train_loop, "train", save)
     with pytest.raises(_Stop):
         main(_to_tmp([a for a in argv if a != "--resume"], tmp_path))
 
@@ -145,11 +149,35 @@ def test_train_line_gets_to_the_training_loop(tmp_path, monkeypatch, argv):
         configs.append(cfg)
         raise _Stop
 
-    monkeypatch.setattr(train_module, "train", stop)
+    monkeypatch.setattr(train_loop, "train", stop)
     with pytest.raises(_Stop):
         main(argv)
     (cfg,) = configs
-    assert cfg.steps >= 1 and cfg.plan().n_devices >= 1
+    if any(word.startswith("--") for word in argv):
+        assert _options_kept(argv, cfg), argv
+    else:  # the plain line trains the defaults
+        assert cfg == TrainConfig(), cfg
+
+
+def _options_kept(argv, cfg) -> int:
+    """Every option of the line that names a TrainConfig field reached the config with the
+    line's value (a flag: True); the number of options checked, at least one per line.
+    `auto` values are resolved by the CLI (the attention kernel) and not compared."""
+    checked = 0
+    for i, word in enumerate(argv):
+        if not word.startswith("--"):
+            continue
+        name, _, value = word[2:].partition("=")
+        if not value and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value = argv[i + 1]
+        field = name.replace("-", "_")
+        if not hasattr(cfg, field) or value == "auto":
+            continue
+        want = getattr(cfg, field)
+        got = True if isinstance(want, bool) else type(want)(value) if want is not None else value
+        assert want == got, (name, value, want)
+        checked += 1
+    return checked
 
 
 @pytest.mark.parametrize("argv", COMPARE_LINES, ids=[_ids(a) for a in COMPARE_LINES])

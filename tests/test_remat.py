@@ -7,13 +7,16 @@ import pytest
 from flax import nnx
 
 from jaxscale import garden
-from jaxscale.measure import hlo as measure
+from jaxscale.measure import memory
 from jaxscale.model import transformer as M, optim
 from jaxscale.model.loss import loss_fn
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.build import build_train_step
-from jaxscale.training.train import TrainConfig, as_arrays, init_state
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import as_arrays, init_state
 from jaxscale.model import config as model_config
+
+from conftest import fp32_sum_bound
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,7 +33,9 @@ def setup():
 
 def test_gradients_equal_without_remat_to_rounding():
     """Not bit-identical: XLA fuses the recomputed forward differently from the original.
-    Measured max |diff| 6e-8 against gradients up to 0.5; bound 1e-6 of the largest."""
+    Measured max |diff| 6e-8 against gradients up to 0.5. Bound: each entry sums the batch's
+    n target tokens' contributions in another order, fp32_sum_bound(n) = sqrt(n) eps_fp32
+    of the largest entry."""
     params, batch, compiled = setup()
     ref = compiled["none"](params, batch)
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ref))
@@ -38,12 +43,12 @@ def test_gradients_equal_without_remat_to_rounding():
         g = compiled[policy](params, batch)
         diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
                    zip(jax.tree.leaves(g), jax.tree.leaves(ref)))
-        assert diff <= 1e-6 * scale, (policy, diff)
+        assert diff <= fp32_sum_bound(batch["mask"].sum()) * scale, (policy, diff)
 
 
 def test_recomputation_cuts_temporary_memory():
     _, _, compiled = setup()
-    temp = {p: measure.memory(c)["temporaries"] for p, c in compiled.items()}
+    temp = {p: memory.memory(c)["temporaries"] for p, c in compiled.items()}
     assert temp["none"] > temp["matmuls"] > temp["full"]
     assert temp["full"] < 0.6 * temp["none"]  # measured 0.43 at 128 documents
 
@@ -56,7 +61,9 @@ def test_remat_in_the_plan_trains(devices):
         init, step = build_train_step(model_config.preset("tiny"), Plan(dp=8, remat=remat), optim.adam(1e-3))
         _, m = step(init(params), batch)
         losses[remat] = float(m["loss"])
-    assert losses["full"] == pytest.approx(losses["none"], rel=1e-6)
+    # the recomputed forward may be fused in another order: the loss sums n target tokens
+    assert losses["full"] == pytest.approx(losses["none"],
+                                           rel=fp32_sum_bound(batch["mask"].sum()))
 
 
 def test_unknown_remat_policy():

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import run_python
 from jaxscale.training.checkpoint import manager as C
+from jaxscale.training.checkpoint import store, tensors
 from jaxscale.cli import main as cli
 from jaxscale import garden
 from jaxscale.training import spikes
@@ -27,9 +28,12 @@ from jaxscale.compare.strategies import STRATEGIES, strategy_plan
 from jaxscale.data.sampler import StepBatches
 from jaxscale.parallel.plan import Plan, PlanError, elastic_micro_batches
 from jaxscale.parallel.build import build_train_step
-from jaxscale.training.train import TrainConfig, init_state, lr_schedule, train
+from jaxscale.training.config import TrainConfig, lr_schedule
+from jaxscale.training.reference import init_state
+from jaxscale.training.loop import train
 from jaxscale.model import config as model_config
 from jaxscale.parallel import step as steplib
+from jaxscale.training import faults
 
 # the window fills by step 10; the faults come after step 20, when the loss has settled
 # enough that a bad batch stands out (at step 15 the early fall of the loss still hides one)
@@ -48,16 +52,16 @@ def bits_equal(a, b) -> bool:
 # --------------------------------------------------------------------------------------
 
 def test_faults_are_parsed_and_bad_ones_refused_by_name():
-    assert [str(f) for f in spikes.parse_faults(["nan@3", "lr@5:10", "spike@7", "crash@9",
+    assert [str(f) for f in faults.parse_faults(["nan@3", "lr@5:10", "spike@7", "crash@9",
                                                  "spike@8:ngram"])] == [
         "nan@3", "lr@5:10", "spike@7:random", "crash@9", "spike@8:ngram"]
     for bad, words in [("boom@3", "KIND@STEP"), ("nan@0", "step >= 1"), ("nan3", "KIND@STEP"),
                        ("lr@5", "positive factor"), ("lr@5:-1", "positive factor"),
                        ("spike@5:zeros", "zeros"), ("crash@4:2", "takes no")]:
         with pytest.raises(spikes.SpikeError, match=words):
-            spikes.parse_faults([bad])
+            faults.parse_faults([bad])
     with pytest.raises(spikes.SpikeError, match="given twice"):
-        spikes.parse_faults(["nan@3", "nan@3"])
+        faults.parse_faults(["nan@3", "nan@3"])
 
 
 def test_window_limits_are_mean_plus_z_std_of_accepted_steps_after_warm_up():
@@ -93,7 +97,7 @@ def _step(name: str):
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_a_nan_gradient_is_skipped_with_the_state_bitwise_unchanged(name):
     state, step, batch = _step(name)
-    skipped, m = step(state, spikes.poison(batch), steplib.Guard.make())
+    skipped, m = step(state, faults.poison(batch), steplib.Guard.make())
     assert not math.isfinite(float(m["loss"])) and not math.isfinite(float(m["grad_norm"]))
     assert not bool(m["accepted"]) and int(skipped.skipped) == int(state.skipped) + 1
     assert bits_equal(skipped._replace(skipped=state.skipped), state)
@@ -122,7 +126,7 @@ def test_a_spike_above_the_limit_is_rejected_inside_the_step():
 def test_injected_faults_are_caught_at_their_steps_and_counted():
     logs = []
     r = train(RUN, progress=False, log=lambda m, k="warning": logs.append(m),
-              faults=spikes.parse_faults(["spike@26", "nan@30", "spike@34:repeat"]))
+              faults=faults.parse_faults(["spike@26", "nan@30", "spike@34:repeat"]))
     caught = {e["step"]: e for e in r.spike_events if e["event"] in ("spike", "nonfinite")}
     assert sorted(caught) == [26, 30, 34]
     assert caught[26]["event"] == caught[34]["event"] == "spike"
@@ -135,7 +139,7 @@ def test_injected_faults_are_caught_at_their_steps_and_counted():
 
 def test_stop_policy_stops_at_the_spike(tmp_path):
     r = train(replace(RUN, spike_policy="stop"), progress=False, out_dir=tmp_path,
-              faults=spikes.parse_faults(["spike@26"]))
+              faults=faults.parse_faults(["spike@26"]))
     assert r.steps_run == 26 and r.skipped_steps == 1
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["step"] == 26 and lines[-1]["action"] == "stop"
@@ -153,14 +157,14 @@ def test_rollback_restores_the_checkpoint_and_skips_exactly_the_reported_batches
         return step, state, meta
     monkeypatch.setattr(C.Checkpointer, "restore", spy)
     cfg = replace(RUN, spike_policy="rollback", rollback_lr_factor=0.25)
-    r = train(cfg, progress=False, out_dir=tmp_path / "out", faults=spikes.parse_faults(
+    r = train(cfg, progress=False, out_dir=tmp_path / "out", faults=faults.parse_faults(
         ["spike@23"]), checkpoint=C.CheckpointOptions(str(tmp_path / "ck"), every=10, keep=None))
     rollback = next(e for e in r.spike_events if e["event"] == "rollback")
     assert rollback["to"] == 20 and rollback["skipped_batches"] == [20, 22]
     assert rollback["lr_factor"] == 0.25 and r.rollbacks == 1
     # the restored state is the step-20 checkpoint, tensor for tensor, bit for bit
-    saved = C.read_canonical(tmp_path / "ck", 20)
-    got = C.flat_items(restored[0])
+    saved = tensors.read_canonical(tmp_path / "ck", 20)
+    got = tensors.flat_items(restored[0])
     assert set(saved) == set(got) and all(
         np.asarray(got[k]).tobytes() == saved[k].tobytes() for k in saved)
     # before the rollback steps 21..23 read batches 20..22; after it no step reads them
@@ -216,9 +220,9 @@ def test_a_crashed_run_restarted_by_the_supervisor_ends_bit_identical(tmp_path):
         "--max-restarts", "3", timeout=600)
     assert crashed.returncode == 0, crashed.stderr[-2000:]
     assert crashed.stderr.count("killed by SIGKILL") >= 2, crashed.stderr[-2000:]
-    a, b = C.read_canonical(tmp_path / "a", 24), C.read_canonical(tmp_path / "b", 24)
+    a, b = tensors.read_canonical(tmp_path / "a", 24), tensors.read_canonical(tmp_path / "b", 24)
     assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
-    fired = json.loads((tmp_path / "b" / spikes.FAULTS_FILE).read_text())["fired"]
+    fired = json.loads((tmp_path / "b" / faults.FAULTS_FILE).read_text())["fired"]
     assert sorted(fired) == ["crash@11", "crash@20"]
     result = json.loads((tmp_path / "ob" / "result.json").read_text())
     assert result["loss_curve"] == straight.loss_curve and result["resumed_from"] == 16
@@ -253,7 +257,7 @@ def test_resuming_on_fewer_devices_continues_the_curve(tmp_path, before, after):
     d = str(tmp_path / "ck")  # the resumed run starts from a copy of its step-8 checkpoint
     shutil.copytree(tmp_path / "straight" / "8", tmp_path / "ck" / "8")
     second = cfg(after)
-    saved = Plan(**C.read_meta(d, 8)["plan"])
+    saved = Plan(**store.read_meta(d, 8)["plan"])
     second = replace(second, micro_batches=elastic_micro_batches(
         saved, second.plan(validate=False), second.batch_size))
     resumed = train(second, progress=False, checkpoint=C.CheckpointOptions(d, resume=True))

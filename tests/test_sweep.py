@@ -6,7 +6,11 @@ import pytest
 from jaxscale import garden
 from jaxscale.model import optim
 from jaxscale.training import sweep
-from jaxscale.training.train import TrainConfig, as_arrays, init_state, loss_fn, make_train_step
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import as_arrays, init_state, make_train_step
+from jaxscale.model.loss import loss_fn
+
+from conftest import fp32_sum_bound
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +32,8 @@ def test_trimming_padding_columns_keeps_the_loss(setup):
         assert stacked["mask"][i].sum() == b["mask"].sum()
         trimmed = jax.tree.map(lambda x: x[i], stacked)
         a, c = float(loss_fn(graphdef, params, trimmed)), float(loss_fn(graphdef, params, b))
-        assert a == pytest.approx(c, rel=1e-6)
+        # fewer columns, the same n target tokens summed in another order (conftest)
+        assert a == pytest.approx(c, rel=fp32_sum_bound(b["mask"].sum()))
 
 
 def test_validation_stack_counts_every_token_once(setup):

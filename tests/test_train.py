@@ -12,9 +12,13 @@ from flax import nnx
 
 from jaxscale import garden
 from jaxscale.report import Progress
-from jaxscale.training.train import (TrainConfig, as_arrays, init_state, loss_fn, make_train_step,
-    train)
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import as_arrays, init_state, make_train_step
+from jaxscale.model.loss import loss_fn
+from jaxscale.training.loop import train
 from jaxscale.model import config as model_config
+
+from conftest import fp32_sum_bound
 
 SHORT = dict(steps=30, eval_every=15, warmup=5, n_train_docs=256, n_val_docs=64)
 
@@ -38,7 +42,8 @@ def test_loss_is_sum_over_tokens_divided_by_global_count(setup):
     token_weighted = (nll * b.mask).sum() / b.mask.sum()
     mean_of_means = ((nll * b.mask).sum(1) / b.mask.sum(1)).mean()
     ours = float(loss_fn(graphdef, params, as_arrays(b)))
-    assert ours == pytest.approx(token_weighted, rel=1e-6)
+    # fp32 against float64 on the same logits: the n-token sum's rounding (conftest)
+    assert ours == pytest.approx(token_weighted, rel=fp32_sum_bound(b.mask.sum()))
     # the wrong reduction really is different on variable-length documents
     assert abs(mean_of_means - token_weighted) > 100 * abs(ours - token_weighted)
 

@@ -14,8 +14,11 @@ from jaxscale.parallel.build import build_train_step
 from flax import nnx
 
 from jaxscale.parallel.zero import ZeroError, stage3_ring_bytes
-from jaxscale.training.train import TrainConfig, as_arrays, init_state
+from jaxscale.training.config import TrainConfig
+from jaxscale.training.reference import as_arrays, init_state
 from jaxscale.model import config as model_config
+
+from conftest import fp32_sum_bound
 
 CFG, K = model_config.preset("tiny"), 4
 
@@ -64,7 +67,10 @@ def test_stage_2_with_micro_batches_and_loss_curve_vs_single_device(devices):
     scale = max(float(jnp.max(jnp.abs(p))) for p in jax.tree.leaves(dp2.params))
     assert max_abs(z2.params, dp2.params) <= 1e-4 * scale
     _, single, _ = run(None)
-    assert max(abs(a - b) / b for a, b in zip(losses, single)) <= 1e-5
+    # the loss curve: each step sums its n <= 802 tokens in another order (c = 1) and the
+    # parameters drift apart by rounding; c = 3 (1.0e-5) leaves room for both (1.5e-6)
+    assert (max(abs(a - b) / b for a, b in zip(losses, single))
+            <= fp32_sum_bound(max(x["mask"].sum() for x in setup()[1]), c=3))
 
 
 def test_optimizer_state_per_device_is_one_kth(devices):
@@ -119,19 +125,23 @@ def test_stage_3_equals_plain_dp_and_the_single_device():
     3.4e-6 of the largest parameter, except the key bias bk, 5e-5: its exact gradient is 0
     (a constant added to every key leaves softmax unchanged), so both runs follow rounding
     noise (~1e-11) that Adam turns into steps of up to ~1e-3 lr (eps = 1e-8). Bounds: 1e-5
-    relative for every other tensor, 1e-4 for bk; the loss curve 1e-5 relative."""
+    relative for every other tensor, 1e-4 for bk; the loss curve as stage 2's above,
+    fp32_sum_bound(n, c=3) relative (measured 1.6e-6)."""
     z3, losses = whole(3)
     dp, _ = whole(0)
     _, single, _ = run(None)
     assert rel_diff(z3, dp) <= 1e-5
     assert rel_diff(z3, dp, skip=()) <= 1e-4
-    assert max(abs(a - b) / b for a, b in zip(losses, single)) <= 1e-5
+    assert (max(abs(a - b) / b for a, b in zip(losses, single))
+            <= fp32_sum_bound(max(x["mask"].sum() for x in setup()[1]), c=3))
 
 
 def test_stage_3_with_micro_batches_and_full_remat_trains_alike(devices):
     z3, losses = whole(3)
     state, losses_m, step = run(3, micro=2, remat="full")
-    assert max(abs(a - b) / b for a, b in zip(losses_m, losses)) <= 1e-5
+    # the loss curves as stage 2's above: fp32_sum_bound(n, c=3) relative (measured 4.3e-7)
+    assert (max(abs(a - b) / b for a, b in zip(losses_m, losses))
+            <= fp32_sum_bound(max(x["mask"].sum() for x in setup()[1]), c=3))
     assert rel_diff(step.full_params(state), z3) <= 1e-5
 
 
