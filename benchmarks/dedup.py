@@ -114,7 +114,8 @@ def run_rensa(texts: list[str], tokens: str) -> np.ndarray:
 
 def run_jaxscale(texts: list[str], shingle_hash: str, devices):
     """The pipeline's Report (its .kept are the kept ids; its stages are timed)."""
-    from jaxscale.data.clean import CleanConfig, clean
+    from jaxscale.data.clean import clean
+    from jaxscale.data.clean_config import CleanConfig
 
     cfg = CleanConfig(num_perm=NUM_PERM, threshold=THRESHOLD, shingle_hash=shingle_hash,
                       filters=(), decontaminate=False)
@@ -138,7 +139,7 @@ def start_jax(n_devices: int):
     from jaxscale.runtime.devices import force_cpu_devices
     devices = force_cpu_devices(n_devices)
     os.environ.setdefault("JAXSCALE_CACHE_DIR", "off")  # compile time is measured apart
-    from jaxscale.cli.main import enable_compilation_cache
+    from jaxscale.runtime.compile_cache import enable_compilation_cache
     enable_compilation_cache()
     return devices
 

@@ -9,11 +9,11 @@ a. MinHash estimates a Jaccard index: two documents of distinct words whose 5-wo
    to sqrt(J (1 - J) / k), their ratio; and k = 128 under the "sha1" shingle hash beside
    "fast", to show that the two modes give the same distribution (figure: minhash_std.png)
 b. the LSH S-curve 1 - (1 - s^r)^b: the lecture's three points computed at b = 20, r = 5
-   (lsh.candidate_probability), then measured: pairs of web pages of known exact Jaccard
+   (lsh_params.candidate_probability), then measured: pairs of web pages of known exact Jaccard
    (each derived page with its source, spread over 0..1 by the near-duplicates, and random
    unrelated pairs for the low bins), signed with k = 100 for (20, 5) and k = 128 for the
-   pipeline's (b, r) = lsh.optimal_params(0.7, 128); per Jaccard bin the pairs, the
-   measured candidate rate (lsh.s_curve), the formula at the bin's mean Jaccard and averaged
+   pipeline's (b, r) = lsh_params.optimal_params(0.7, 128); per Jaccard bin the pairs, the
+   measured candidate rate (lsh_scurve.s_curve), the formula at the bin's mean Jaccard and averaged
    over its pairs, and how many standard errors the measurement lies from the formula
    (figure: s_curve.png)
 c. the pipeline's funnel on make_web(10000): clean() with its defaults, each stage's pages
@@ -33,7 +33,7 @@ d. what duplicates cost in training: the tiny garden model trained at equal toke
    documents under the garden language (figure: dedup_training.png)
 
 Every number printed is computed by the project's code on these inputs (jaxscale.data,
-jaxscale.training.train); only the sizes and seeds are chosen. For reference, the lecture notes give
+jaxscale.training.config); only the sizes and seeds are chosen. For reference, the lecture notes give
 0.047, 0.470 and 0.975 for part b's three points and sqrt(J (1 - J) / k) for part a.
 """
 from __future__ import annotations
@@ -48,11 +48,14 @@ from pathlib import Path
 import numpy as np
 
 from experiments._runner import log, run_experiment
-from jaxscale.data import dedup, lsh, minhash, truth
-from jaxscale.data.clean import CleanConfig, clean, stage_note
+from jaxscale.data import dedup, lsh, lsh_params, lsh_scurve, minhash, truth
+from jaxscale.data.clean import clean
+from jaxscale.data.clean_config import CleanConfig
+from jaxscale.data.clean_report import stage_note
 from jaxscale.data.shingles import jaccard, shingle_set
 from jaxscale.data.web import KINDS, make_web
 from jaxscale.report import print_table, pyplot, save_figure
+from jaxscale.model import config as model_config
 
 # a. MinHash
 SHARED, ONLY_A, ONLY_B = 80, 30, 30  # shingles in both documents, in A only, in B only
@@ -204,7 +207,8 @@ def s_curve_pairs(web, n_random: int, seed: int) -> tuple[np.ndarray, np.ndarray
 
 
 def bin_means(levels: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """The mean Jaccard of each bin, binned as lsh.s_curve bins ([lo, hi), the last closed)."""
+    """The mean Jaccard of each bin, binned as lsh_scurve.s_curve bins ([lo, hi), the last
+    closed)."""
     which = np.clip(np.searchsorted(edges, levels, side="right") - 1, 0, len(edges) - 2)
     return np.array([levels[which == k].mean() if np.any(which == k) else np.nan
                      for k in range(len(edges) - 1)])
@@ -221,17 +225,17 @@ def sigmas(row) -> float:
 
 def part_b(lab: Lab, out: Path) -> dict:
     b, r = LECTURE_BR
-    lecture = [{"s": s, "p": lsh.candidate_probability(s, b, r)} for s in LECTURE_S]
+    lecture = [{"s": s, "p": lsh_params.candidate_probability(s, b, r)} for s in LECTURE_S]
     print(f"b. the S-curve 1 - (1 - s^r)^b at b = {b}, r = {r} (k = {b * r}), computed by "
-          "lsh.candidate_probability; its step sits near (1/b)^(1/r) = "
-          f"{lsh.threshold_estimate(b, r):.3f}")
+          "lsh_params.candidate_probability; its step sits near (1/b)^(1/r) = "
+          f"{lsh_params.threshold_estimate(b, r):.3f}")
     print_table(f"b. the lecture's points, b = {b}, r = {r}",
                 ["Jaccard s", "P(candidate)", "rounded"],
                 [[x["s"], x["p"], f"{x['p']:.3f}"] for x in lecture])
 
     web = lab.web(S_CURVE_WEB, near_duplicate=S_CURVE_NEAR_DUPLICATES)
     pairs, levels, about = s_curve_pairs(web, RANDOM_PAIRS, lab.seed)
-    pipeline = lsh.optimal_params(PIPELINE_THRESHOLD, PIPELINE_K)
+    pipeline = lsh_params.optimal_params(PIPELINE_THRESHOLD, PIPELINE_K)
     configs = [(LECTURE_BR, S_CURVE_K[LECTURE_BR], "the lecture's"),
                (pipeline, PIPELINE_K, f"optimal_params({PIPELINE_THRESHOLD}, {PIPELINE_K})")]
     pages = np.unique(pairs)
@@ -243,7 +247,7 @@ def part_b(lab: Lab, out: Path) -> dict:
         t = time.perf_counter()
         sig = minhash.signatures(texts, k, 1, "fast")
         log(f"    signatures of {len(texts):,} pages, k = {k}: {time.perf_counter() - t:.1f} s")
-        got = lsh.s_curve(sig, local, levels, bands, rows, BINS)
+        got = lsh_scurve.s_curve(sig, local, levels, bands, rows, BINS)
         table = []
         for row, mean in zip(got, means):
             table.append({"lo": row.lo, "hi": row.hi, "pairs": row.pairs, "mean_jaccard": mean,
@@ -270,7 +274,7 @@ def part_b(lab: Lab, out: Path) -> dict:
     s = np.linspace(0, 1, 201)
     for i, c in enumerate(curves):
         color = f"C{i}"
-        ax.plot(s, lsh.candidate_probability(s, c["bands"], c["rows"]), color=color, lw=1,
+        ax.plot(s, lsh_params.candidate_probability(s, c["bands"], c["rows"]), color=color, lw=1,
                 label=f"1-(1-s^{c['rows']})^{c['bands']} (k = {c['k']}, {c['name']})")
         x = [row["mean_jaccard"] for row in c["bins"] if row["pairs"]]
         y = [row["measured"] for row in c["bins"] if row["pairs"]]
@@ -312,7 +316,7 @@ def pair_rows(web, pages: np.ndarray, thresholds, num_perm: int, seed: int,
     sets: dict[int, frozenset] = {}
     rows, verified_at = [], {}
     for threshold in thresholds:
-        bands, r = lsh.optimal_params(threshold, num_perm)
+        bands, r = lsh_params.optimal_params(threshold, num_perm)
         cand = lsh.candidate_pairs(lsh.band_keys(sig, bands, r))  # rows of `pages`
         for i in np.unique(cand):
             if int(i) not in sets:
@@ -444,9 +448,8 @@ def dedup_corpora(seed: int) -> dict:
     """The duplicated corpus, its deduplicated version (same size), and the documents to
     probe memorisation with. Rows are garden documents as token ids."""
     from jaxscale import garden
-    from jaxscale.model import transformer as modellib
 
-    seq_len = modellib.preset("tiny").seq_len
+    seq_len = model_config.preset("tiny").seq_len
     base = garden.make_corpus(seed, D_POOL, D_VAL, seq_len)
     repeated, at = first_distinct(base.train, D_REPEATED)
     n_fill = D_DOCS - D_REPEATED * D_COPIES
@@ -523,8 +526,11 @@ def train_and_probe(rows, corpora: dict, seed: int, probes: dict, steps: int) ->
     train writes at the last step (TrainResult holds none) and evaluate them on each
     probe set of documents."""
     from jaxscale import garden
-    from jaxscale.training.checkpoint.manager import CheckpointOptions, read_canonical, unflat_items
-    from jaxscale.training.train import TrainConfig, evaluate, init_state, make_eval_step, train
+    from jaxscale.training.checkpoint.manager import CheckpointOptions
+    from jaxscale.training.checkpoint.tensors import read_canonical, unflat_items
+    from jaxscale.training.config import TrainConfig
+    from jaxscale.training.reference import evaluate, init_state, make_eval_step
+    from jaxscale.training.loop import train
 
     base = corpora["base"]
     cfg = TrainConfig(model="tiny", steps=steps, batch_size=D_BATCH, lr=D_LR,

@@ -44,3 +44,19 @@ def as_pairs(pairs: np.ndarray, n: int | None = None, name: str = "pairs") -> np
         valid = "non-negative" if n is None else f"0..{n - 1}"
         raise ValueError(f"{name} holds document index {int(p[bad][0])}, valid indices are {valid}")
     return p.astype(np.int64, copy=False)
+
+
+def as_signatures(signatures: np.ndarray) -> np.ndarray:
+    """[documents, num_perm] MinHash signatures as uint32, or a ValueError naming what is wrong."""
+    sig = np.asarray(signatures)
+    if sig.ndim != 2:
+        raise ValueError(f"signatures must be a 2-D array [documents, num_perm], got shape "
+                         f"{sig.shape}")
+    if sig.dtype == np.uint32:
+        return sig
+    if not np.issubdtype(sig.dtype, np.integer):
+        raise ValueError(f"signatures must hold integers (uint32), got dtype {sig.dtype}")
+    if sig.size and (sig.min() < 0 or sig.max() > 0xFFFFFFFF):
+        raise ValueError(f"signature values must fit in uint32, got range "
+                         f"[{sig.min()}, {sig.max()}]")
+    return sig.astype(np.uint32)

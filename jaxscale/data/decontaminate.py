@@ -43,7 +43,7 @@ sentences, and real repetitive text (code, templates) has longer chance matches 
 Real English is far less repetitive, which is why GPT-3 could use a single 13-gram.
 (The web generator keeps its ground truth honest by never choosing a validation document
 that an ordinary page contains verbatim; see `web._sample_validation`.) The measurement
-is repeated in tests/test_data_filters.py.
+is repeated in tests/data/test_data_filters.py.
 """
 from __future__ import annotations
 

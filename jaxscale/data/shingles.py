@@ -14,7 +14,7 @@ Each shingle is then hashed to 32 bits, by one of two functions (`SHINGLE_HASHES
   - "fast": `fast_hash32`, a polynomial hash of the bytes modulo 2^32 finished with
     MurmurHash3's fmix32. It is defined on bytes, so datasketch can be given it as `hashfunc`
     and must then agree with us bit for bit; and it has a form that a vector machine computes
-    for every shingle of a corpus at once (see `minhash.fast_shingle_hashes`): with
+    for every shingle of a corpus at once (see `minhash_kernels.fast_shingle_hashes`): with
     b_j = byte_j + 1 and an odd multiplier P,
         poly(bytes[s:e]) = sum_j b_j * P^(e-1-j)  (mod 2^32)
                          = P^(e-1) * (S[e] - S[s]),   S[i] = sum_{j<i} b_j * P^(-j),

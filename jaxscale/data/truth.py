@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxscale.data import dedup
+from jaxscale.data.web import KINDS
 
 
 def _score(removed: int, right: int, should: int) -> dict:
@@ -25,8 +26,6 @@ def _score(removed: int, right: int, should: int) -> dict:
 
 def score_report(report, web) -> dict:
     """Precision and recall of each removing stage (see the module docstring)."""
-    from jaxscale.data.web import KINDS
-
     names = [s.name for s in report.stages]
     by = report.removed_by
     kind = np.asarray(web.kind)

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from jaxscale.data import minhash as mh
+from jaxscale.data.minhash_kernels import EMPTY, fast_shingle_hashes
+from jaxscale.data.minhash_layout import fast_inputs
 from jaxscale.data.shingles import fast_hash32, sha1_hash32, shingle_set, shingles, jaccard
 
 HASHFUNC = {"sha1": sha1_hash32, "fast": fast_hash32}
@@ -55,7 +57,7 @@ def test_signatures_equal_datasketch_bit_for_bit(mode):
     ref = _reference(texts, 64, 3, mode)
     assert ours.dtype == np.uint32 and ours.shape == (len(texts), 64)
     assert np.abs(ours.astype(np.int64) - ref.astype(np.int64)).max() == 0
-    assert np.all(ours[texts.index("")] == mh.EMPTY)  # no shingles: datasketch's empty sketch
+    assert np.all(ours[texts.index("")] == EMPTY)  # no shingles: datasketch's empty sketch
 
 
 def test_one_device_eight_devices_and_chunk_sizes_agree():
@@ -88,10 +90,10 @@ def test_vector_shingle_hashes_equal_the_reference_on_any_text(texts):
     """The device's fast hashes (prefix sums over raw bytes) equal fast_hash32 of the
     reference shingles: whitespace runs, non-ASCII and short documents included."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), (mh.AXIS,))
-    inputs = mh._fast_inputs([texts], len(texts), 64, mesh)
+    inputs = fast_inputs([texts], len(texts), 64, mesh)
     data, start, end, n_words, p_pow, p_inv_pow = inputs
-    hashes, n_sh = jax.jit(mh.fast_shingle_hashes)(data[0], start[0], end[0], n_words[0],
-                                                  p_pow, p_inv_pow)
+    hashes, n_sh = jax.jit(fast_shingle_hashes)(data[0], start[0], end[0], n_words[0],
+                                               p_pow, p_inv_pow)
     hashes, n_sh = np.asarray(hashes), np.asarray(n_sh)
     for i, t in enumerate(texts):
         ref = [fast_hash32(s) for s in shingles(t)]

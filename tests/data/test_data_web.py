@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from jaxscale.data import web
+from jaxscale.data.web_junk import JUNK_KINDS
 from jaxscale.data.shingles import jaccard, shingle_set
 from jaxscale.garden.words import SEASONS
 
@@ -113,7 +114,7 @@ def test_contaminated_pages_hold_a_validation_document(corpus):
 def test_junk_kinds_look_like_their_names(corpus):
     def pages(junk_kind):
         return [corpus.texts[p] for p in np.flatnonzero(corpus.junk
-                                                         == web.JUNK_KINDS.index(junk_kind))]
+                                                         == JUNK_KINDS.index(junk_kind))]
 
     for text in pages("repeated_lines"):
         lines = text.split("\n")

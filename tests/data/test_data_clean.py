@@ -10,8 +10,10 @@ import pytest
 
 from jaxscale.cli.main import main
 from jaxscale.runtime import devices as devlib
-from jaxscale.data import lsh
-from jaxscale.data.clean import CleanConfig, clean
+from jaxscale.data import lsh, minhash
+from jaxscale.data.clean import clean
+from jaxscale.data.clean_config import CleanConfig
+from jaxscale.data.records import RecordsError, read_records
 from jaxscale.data.shingles import jaccard, shingle_set
 from jaxscale.data.truth import score_report
 from jaxscale.data.web import KINDS, make_web
@@ -77,7 +79,6 @@ def test_kept_pages_hold_no_verified_duplicate_pair(web, report):
     """No two kept pages are an LSH candidate pair with Jaccard >= the threshold: what
     the pipeline promises (pairs LSH never proposes may remain)."""
     kept = report.kept
-    from jaxscale.data import minhash
     sig = minhash.signatures([web.texts[i] for i in kept], 128, 1, "fast")
     pairs = lsh.candidate_pairs(lsh.band_keys(sig, report.bands, report.rows))
     sets = [shingle_set(web.texts[i]) for i in kept]
@@ -182,8 +183,6 @@ def test_bad_files_name_the_line(capsys, tmp_path, content, message, one_device)
 def test_lines_end_at_newline_only_and_a_bom_is_not_text(tmp_path):
     """U+2028 inside a JSON string and a form feed inside a document are not line ends
     (str.splitlines would split at both); a UTF-8 byte-order mark is dropped."""
-    from jaxscale.data.records import read_records
-
     src = tmp_path / "in.jsonl"
     src.write_bytes("\ufeff".encode() + '{"text": "a\u2028b"}\r\n{"text": "c"}\n'
                     .encode("utf-8"))
@@ -195,8 +194,6 @@ def test_lines_end_at_newline_only_and_a_bom_is_not_text(tmp_path):
 
 
 def test_a_text_file_guessed_as_jsonl_says_how_to_read_it_as_text(tmp_path):
-    from jaxscale.data.records import RecordsError, read_records
-
     src = tmp_path / "notes.txt"
     src.write_text("{braces} open this note\nsecond line\n")
     with pytest.raises(RecordsError, match="--format text reads one document a line"):

@@ -10,6 +10,7 @@ import pytest
 
 from jaxscale.data import filters, web
 from jaxscale.data.decontaminate import Decontaminator, ngrams
+from jaxscale.data.web_junk import JUNK_KINDS
 
 GARDEN = ("in spring , a frog jumps in the pond . it is green . rain falls .\n"
           "in summer , the red rose blooms by the wall . tom waters the mint .")
@@ -79,9 +80,9 @@ RULE_FOR_JUNK = {"symbols": "symbol_ratio", "repeated_lines": "duplicate_lines",
                  "no_stop_words": "few_stop_words", "word_length": "mean_word_length"}
 
 
-@pytest.mark.parametrize("junk_kind", web.JUNK_KINDS)
+@pytest.mark.parametrize("junk_kind", JUNK_KINDS)
 def test_each_junk_kind_is_caught_by_its_rule(corpus, removed, junk_kind):
-    truth = corpus.junk == web.JUNK_KINDS.index(junk_kind)
+    truth = corpus.junk == JUNK_KINDS.index(junk_kind)
     result = filters.score(removed[RULE_FOR_JUNK[junk_kind]], truth)
     assert result["recall"] >= 0.97, result
 
