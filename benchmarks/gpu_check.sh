@@ -215,7 +215,7 @@ PYTHON
 # only with JAXSCALE_GPU_TESTS=1 and a GPU; on the dry run's CPU they are skipped.
 TEST_PATHS=(tests/)
 if grep -q '^missing:.*\(hypothesis\|datasketch\)' "$WORK/imports.out" 2>/dev/null; then
-    mapfile -t TEST_PATHS < <(grep -l 'mark\.gpu' tests/test_*.py)
+    mapfile -t TEST_PATHS < <(grep -rl --include='test_*.py' 'mark\.gpu' tests)
     say "gpu-tests: hypothesis or datasketch missing; collecting only ${TEST_PATHS[*]}"
 fi
 step gpu-tests tests "$T_TESTS" env JAXSCALE_GPU_TESTS=1 "$PY" -m pytest -m gpu -q \

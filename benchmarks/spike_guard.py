@@ -14,7 +14,7 @@ and dp=2,tp=2,pp=2 (4 micro-batches):
 and, for the models in --loop-models (default tiny: there a step is short enough for the
 host side to matter), the calls exactly as train's loop makes them, host side included:
 
-- train_plain    `step(state, batch)` (ShardedStep.__call__ without a guard)
+- train_plain    `step(state, batch)` (PlanStep.__call__ without a guard)
 - train_guarded  `step(state, batch, Guard.make(*window.limits()))`: the limits of a full
                  rolling window (50, train's default, around this step's loss and norm,
                  so it accepts), Guard.make, place_guard, the guarded program
@@ -64,7 +64,7 @@ from jaxscale.model import transformer as M, precision  # noqa: E402
 from jaxscale.training import spikes  # noqa: E402
 from jaxscale.training.checkpoint.meta import versions  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
-from jaxscale.parallel.data_parallel import shard_step  # noqa: E402
+from jaxscale.parallel.step import shard_step  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.training.config import TrainConfig, lr_schedule, make_optimizer  # noqa: E402

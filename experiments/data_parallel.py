@@ -35,7 +35,8 @@ from jaxscale.measure import compare_trees, memory, timing  # noqa: E402
 from jaxscale.model import optim  # noqa: E402
 from jaxscale.runtime.mesh import make_mesh  # noqa: E402
 from jaxscale.model.loss import loss_fn, nll_and_count  # noqa: E402
-from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
+from jaxscale.parallel.axes import DP
+from jaxscale.parallel.data_parallel import (dp_value_and_grad, replicas_identical,
     shard_mean_of_means)
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
@@ -76,7 +77,7 @@ class Lab:
 def dp_grad_fn(lab: Lab, dp: int, micro: int = 1):
     mesh = make_mesh(f"dp={dp}", jax.devices()[:dp])
     return jax.jit(jax.shard_map(lambda p, b: dp_value_and_grad(lab.graphdef, micro)(p, b, None),
-                                 mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P())))
+                                 mesh=mesh, in_specs=(P(), P(DP)), out_specs=(P(), P())))
 
 
 def part_a(lab: Lab, out: Path) -> dict:
@@ -139,7 +140,7 @@ def part_b(lab: Lab, out: Path) -> dict:
 
 def _run_on(k: int, fn, x):
     mesh = make_mesh(f"dp={k}", jax.devices()[:k])
-    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))(x)
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P(DP), out_specs=P(DP)))(x)
 
 
 def part_c(lab: Lab, out: Path) -> dict:
@@ -148,7 +149,7 @@ def part_c(lab: Lab, out: Path) -> dict:
 
     def fn(v):
         trace = []
-        total = C.ring_all_reduce(v[0], AXIS, trace=trace)
+        total = C.ring_all_reduce(v[0], DP, trace=trace)
         return total[None], jnp.stack(trace)[None]
     total, trace = (np.asarray(a) for a in _run_on(k, fn, x))
     walk = []
@@ -163,12 +164,12 @@ def part_c(lab: Lab, out: Path) -> dict:
         vec = 1024  # elements per device, float32
         ring, ps = C.Ledger(), C.Ledger()
         xs = jnp.ones((kk, vec), jnp.float32)
-        jax.jit(jax.shard_map(lambda v: C.ring_all_reduce(v[0], AXIS, ring)[None],
-                              mesh=make_mesh(f"dp={kk}", jax.devices()[:kk]), in_specs=P(AXIS),
-                              out_specs=P(AXIS))).lower(xs)
-        jax.jit(jax.shard_map(lambda v: C.parameter_server_all_reduce(v[0], AXIS, ps)[None],
-                              mesh=make_mesh(f"dp={kk}", jax.devices()[:kk]), in_specs=P(AXIS),
-                              out_specs=P(AXIS))).lower(xs)
+        jax.jit(jax.shard_map(lambda v: C.ring_all_reduce(v[0], DP, ring)[None],
+                              mesh=make_mesh(f"dp={kk}", jax.devices()[:kk]), in_specs=P(DP),
+                              out_specs=P(DP))).lower(xs)
+        jax.jit(jax.shard_map(lambda v: C.parameter_server_all_reduce(v[0], DP, ps)[None],
+                              mesh=make_mesh(f"dp={kk}", jax.devices()[:kk]), in_specs=P(DP),
+                              out_specs=P(DP))).lower(xs)
         nbytes = vec * 4
         rows.append({"K": kk, "vector_bytes": nbytes, "ring_sent_per_device": ring.sent_per_device()[0],
                      "ring_formula": cm.ring_all_reduce_bytes(nbytes, kk),

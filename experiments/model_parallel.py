@@ -140,7 +140,7 @@ def part_b(lab: Lab, out: Path) -> dict:
 
 def part_c(lab: Lab, out: Path) -> dict:
     ref = lab.gradient(Plan())
-    # 2 and 4 stages, 1 to 8 micro-batches (tests/test_pipeline.py runs more combinations)
+    # 2 and 4 stages, 1 to 8 micro-batches (tests/parallel/test_pipeline.py runs more combinations)
     cases = [("gpipe", 2, 8), ("gpipe", 4, 1), ("1f1b", 2, 8), ("1f1b", 4, 4),
              ("interleaved", 2, 8), ("interleaved", 4, 4)]
     rows, res = [], []

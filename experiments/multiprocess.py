@@ -109,7 +109,8 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     from jaxscale.data.sampler import StepBatches
     from jaxscale.runtime.mesh import make_mesh
     from jaxscale.model.loss import loss_fn
-    from jaxscale.parallel.data_parallel import AXIS, dp_value_and_grad
+    from jaxscale.parallel.axes import DP
+    from jaxscale.parallel.data_parallel import dp_value_and_grad
     from jaxscale.parallel.zero import zero_value_and_grad
     from jaxscale.parallel.zero_layout import zero_layout
     from jaxscale.report import print_table
@@ -126,11 +127,11 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     corpus = garden.make_corpus(SEED, N_DOCS, 8, cfg.seq_len)
     mesh = make_mesh(f"dp={k}")  # process by process: process 0's devices first
     batches = StepBatches(corpus.train, batch_size, cfg.seq_len, SEED, record=True)
-    batch = batches.place(0, NamedSharding(mesh, P(AXIS)))  # builds only this process's rows
+    batch = batches.place(0, NamedSharding(mesh, P(DP)))  # builds only this process's rows
 
     # a. DDP: replicated parameters, local gradients, one psum over dp (across processes)
     ddp = jax.jit(jax.shard_map(lambda p, b: dp_value_and_grad(graphdef)(p, b, None),
-                                mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P())))
+                                mesh=mesh, in_specs=(P(), P(DP)), out_specs=(P(), P())))
     ddp_loss, ddp_grads = ddp(jax.device_put(params, NamedSharding(mesh, P())), batch)
 
     # b. FSDP: every flat tensor cut into k slices; the gradient comes back reduce-scattered
@@ -139,7 +140,7 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     slices = jax.device_put(layout.flatten(params),
                             jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
     fsdp = jax.jit(jax.shard_map(lambda s, b: zero_value_and_grad(graphdef, layout, 1)(s, b, None),
-                                 mesh=mesh, in_specs=(specs, P(AXIS)), out_specs=(P(), specs)))
+                                 mesh=mesh, in_specs=(specs, P(DP)), out_specs=(P(), specs)))
     fsdp_loss, fsdp_slices = fsdp(slices, batch)
 
     # what this process holds, per local device: rows of the batch, its FSDP slice

@@ -21,7 +21,7 @@ The rules (RULES says the same in words):
     recommended.
 
 The published layouts this is checked against are in jaxscale.costmodel.published
-(tests/test_planner.py, experiments/cost_model.py).
+(tests/costmodel/test_planner.py, experiments/cost_model.py).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The published figures the cost model is checked against, as printed, with their sources.
 
-One place for them: tests/test_papers.py and tests/test_planner.py assert against them,
+One place for them: tests/costmodel/test_papers.py and tests/costmodel/test_planner.py assert against them,
 experiments/cost_model.py prints them next to ours. Strings keep the paper's rounding.
 
   Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"

@@ -5,7 +5,7 @@ the kernels that compute it. One function, three implementations (KERNELS):
           every other kernel is checked against; it runs anywhere.
   xla     jax.nn.dot_product_attention(is_causal=True, implementation="xla"): the same
           einsums lowered by JAX (on CPU: logits bit-identical to einsum's, gradients
-          within 4e-7, tests/test_compute.py).
+          within 4e-7, tests/model/test_compute.py).
   cudnn   the same call with implementation="cudnn": cuDNN's fused flash attention, which
           never materialises the T x T scores (memory linear in T). NVIDIA GPUs only, and
           16-bit inputs only. jax.nn.dot_product_attention's default (None) is xla, so

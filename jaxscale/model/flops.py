@@ -117,7 +117,7 @@ def xla_flops(compiled) -> float | None:
 
     Newer JAX returns a dict, older a list of one dict per program; both are read. XLA's
     count is per op of the optimised HLO, once per op, and so misses work in two places
-    (measured with jax 0.10.2 on CPU, tests/test_flops.py):
+    (measured with jax 0.10.2 on CPU, tests/model/test_flops.py):
       loops      the body of a while loop (lax.scan, fori_loop) is counted ONCE, not trip-
                  count times: a scan of 8 [64,64] matmuls reports 524,290 FLOPs, 1/8 of the
                  4,194,304 done (2 n^3 + 2 for the loop counter); with unroll=True the full

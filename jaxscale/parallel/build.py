@@ -14,7 +14,8 @@ from jaxscale.model import attention, precision, transformer as modellib
 from jaxscale.model.config import ModelConfig
 from jaxscale.parallel import layouts, step as steplib
 from jaxscale.parallel.canonical import Canonical
-from jaxscale.parallel.data_parallel import ShardedStep, build_data_parallel
+from jaxscale.parallel.step import PlanStep
+from jaxscale.parallel.data_parallel import build_data_parallel
 from jaxscale.parallel.hybrid import build_hybrid
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.zero import build_zero
@@ -50,7 +51,7 @@ def build_train_step(model_cfg: ModelConfig, plan: Plan,
         return build_zero(graphdef, plan, optimizer, pol, shapes, devices)
     if plan.n_devices == 1 and plan.micro_batches == 1:  # the reference: a plain jit
         canonical = Canonical(layouts.Replicated(), optimizer, pol, shapes, None)
-        step = ShardedStep(None, steplib.make_step(graphdef, optimizer, pol),
+        step = PlanStep(None, steplib.make_step(graphdef, optimizer, pol),
                            canonical=canonical)
         return (lambda params32: steplib.init_state(params32, optimizer, pol)), step
     return build_data_parallel(graphdef, plan, optimizer, pol, shapes, devices)

@@ -43,10 +43,10 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale.model import attention as attentionlib
+from jaxscale.parallel.axes import CP
 from jaxscale.model.transformer import document_ids
 from jaxscale.parallel.vma import vary, varying_axes
 
-AXIS = "cp"
 COLLECTIVE = "collective"  # jaxscale.model.transformer.COLLECTIVE (a remat policy may keep these)
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -100,7 +100,7 @@ class SequenceShard:
     None (no document mask)."""
 
     def __init__(self, seq_len: int, cp: int = 1, layout: str = "zigzag", segments=None,
-                 sp: int = 1, axis: str = AXIS, sp_axis: str = "tp"):
+                 sp: int = 1, axis: str = CP, sp_axis: str = "tp"):
         self.cp, self.sp, self.layout, self.segments = cp, sp, layout, segments
         self.axis, self.sp_axis = axis, sp_axis
         self.sequence_parallel = sp > 1
@@ -241,7 +241,7 @@ def prepare(batch: dict, cp: int, layout: str = "zigzag", document_mask: bool = 
     return {k: jnp.take(v, order, axis=1) for k, v in batch.items()}
 
 
-def sequence(batch: dict, cp: int, layout: str = "zigzag", sp: int = 1, axis: str = AXIS,
+def sequence(batch: dict, cp: int, layout: str = "zigzag", sp: int = 1, axis: str = CP,
              sp_axis: str = "tp") -> SequenceShard:
     """The model's `seq` for this device's share of a prepared batch (inside shard_map):
     the document ids of every device's tokens are gathered once, for the masks."""

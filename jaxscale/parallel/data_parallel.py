@@ -31,7 +31,8 @@ from jaxscale.model import precision
 from jaxscale.model.loss import nll_and_count
 from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel import layouts, step as steplib
-from jaxscale.parallel.axes import DP as AXIS
+from jaxscale.parallel.step import PlanStep, shard_step
+from jaxscale.parallel.axes import DP
 from jaxscale.parallel.layouts import GradReduction, Replicated
 from jaxscale.runtime import mesh as meshlib
 
@@ -41,7 +42,7 @@ def _split_micro_batches(batch: dict, m: int) -> dict:
 
 
 def accumulated_value_and_grad(nll, micro_batches: int, reduction: GradReduction,
-                               batch_axes=AXIS):
+                               batch_axes=DP):
     """The gradient function shared by plain DP, ZeRO and the non-pipelined mesh layouts,
     run inside shard_map.
 
@@ -76,52 +77,6 @@ def dp_value_and_grad(graphdef, micro_batches: int = 1):
                                       Replicated().reduction())
 
 
-class ShardedStep:
-    """step(state, batch, guard=None) -> (state, metrics), what every Plan's builder
-    returns: puts the batch's rows on the dp axis (`place_batch`; one device: `mesh` None),
-    then runs `jitted`, the compiled program (lower it to read its HLO), or with a
-    `steplib.Guard` its guarded twin `guarded` (compiled on first use: a run without a
-    guard never builds it). `full_params(state)` gives whole parameters (ZeRO-3 and tp/pp
-    layouts pass their own: they store shards); `canonical` converts the whole state to
-    and from the plan-independent form that checkpoints hold (jaxscale.parallel.canonical)."""
-
-    def __init__(self, mesh, jitted, full_params=None, canonical=None, guarded=None):
-        self.mesh, self.jitted, self.canonical = mesh, jitted, canonical
-        self.guarded = guarded or jitted  # one device: a plain jit takes the guard as is
-        self.full_params = full_params or (lambda state: state.params)
-        self.batch_sharding = None if mesh is None else NamedSharding(mesh, P(AXIS))
-        self.guard_sharding = None if mesh is None else NamedSharding(mesh, P())
-
-    def place_batch(self, batch: dict) -> dict:
-        return jax.device_put({k: batch[k] for k in ("tokens", "targets", "mask")},
-                              self.batch_sharding)
-
-    def place_guard(self, guard: steplib.Guard) -> jax.Array:
-        """The guard's scalars as one float32 vector on every device of the mesh (every
-        process gives the same): one transfer a step, not one per scalar."""
-        return jax.device_put(np.asarray(guard, np.float32), self.guard_sharding)
-
-    def __call__(self, state, batch, guard: steplib.Guard | None = None):
-        if guard is None:
-            return self.jitted(state, self.place_batch(batch))
-        return self.guarded(state, self.place_batch(batch), self.place_guard(guard))
-
-
-def shard_step(update, mesh, state_specs, prepare=None, batch_spec=P(AXIS)) -> tuple:
-    """(step, guarded step): `update` (steplib.make_step, jit=False) in one shard_map over
-    `mesh`, the state on `state_specs`, the batch's rows on dp, the guard's vector
-    replicated (ShardedStep.place_guard). With `prepare`, the batch (every row placed on
-    dp, whole) is first rearranged by it under the same jit and split as `batch_spec` says
-    (context parallelism: tokens in ring order, split over dp and cp)."""
-    def build(*in_specs):
-        mapped = jax.shard_map(update, mesh=mesh, in_specs=in_specs,
-                               out_specs=(state_specs, P()))
-        if prepare is None:
-            return jax.jit(mapped)
-        return jax.jit(lambda state, batch, *guard: mapped(state, prepare(batch), *guard))
-    return build(state_specs, batch_spec), build(state_specs, batch_spec, P())
-
-
 def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes,
                         devices=None):
     """(init, step) for a Plan with dp >= 1 (and micro-batches): see the module docstring."""
@@ -137,7 +92,7 @@ def build_data_parallel(graphdef, plan, optimizer, pol: precision.Policy, shapes
         return jax.device_put(state, replicated)  # replicated on every device
 
     canonical = Canonical(layouts.Replicated(), optimizer, pol, shapes, mesh, replicated)
-    return init, ShardedStep(mesh, compiled, canonical=canonical, guarded=guarded)
+    return init, PlanStep(mesh, compiled, canonical=canonical, guarded=guarded)
 
 
 def replicas_identical(tree) -> bool:

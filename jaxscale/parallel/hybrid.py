@@ -36,7 +36,8 @@ from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel import context, step as steplib
 from jaxscale.parallel.axes import CP, DP, PP, TP
 from jaxscale.parallel.canonical import Canonical, param_infos
-from jaxscale.parallel.data_parallel import ShardedStep, accumulated_value_and_grad, shard_step
+from jaxscale.parallel.step import PlanStep, shard_step
+from jaxscale.parallel.data_parallel import accumulated_value_and_grad
 from jaxscale.parallel.mesh_layouts import layer_order, mesh_layout, state_flat_specs
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table
 from jaxscale.parallel.plan import PlanError
@@ -104,7 +105,7 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
         compiled, guarded = shard_step(update, mesh, state_specs)
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=_is_spec)
     infos = param_infos(shapes, specs)
-    return _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order), ShardedStep(
+    return _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order), PlanStep(
         mesh, compiled,  # whole parameters in the model's layer order
         jax.jit(lambda state: jax.tree.map(layout.params_to_canonical, state.params, infos)),
         Canonical(layout, optimizer, pol, shapes, mesh, shardings, specs), guarded)

@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxscale.parallel import layouts
-from jaxscale.parallel.axes import DP as AXIS, PP, TP
+from jaxscale.parallel.axes import DP, PP, TP
 from jaxscale.parallel.vma import vary
 from jaxscale.parallel.zero_layout import Zero2Layout, Zero3Layout, ZeroLayout, is_stacked
 
@@ -102,7 +102,7 @@ class ZeroMeshLayout(HybridCanonical, ZeroLayout):
         shape = self._local_shape(info)
 
         def shard(s):  # my dp slice of my shard's flat copy -> my whole shard
-            flat = lax.all_gather(s, AXIS, axis=s.ndim - 1, tiled=True, to="invarying")
+            flat = lax.all_gather(s, DP, axis=s.ndim - 1, tiled=True, to="invarying")
             return self.whole(flat, shape)
         x = jax.shard_map(shard, mesh=self.mesh, in_specs=flat_spec(P(*info.spec), info.stacked),
                           out_specs=P(*info.spec))(f)
@@ -112,28 +112,28 @@ class ZeroMeshLayout(HybridCanonical, ZeroLayout):
         def shard(w):  # my whole shard -> my dp slice of its flat copy
             flat = self.flat(w, info.stacked)
             c = flat.shape[-1] // self.k
-            return lax.dynamic_slice_in_dim(flat, lax.axis_index(AXIS) * c, c, axis=-1)
+            return lax.dynamic_slice_in_dim(flat, lax.axis_index(DP) * c, c, axis=-1)
         return jax.shard_map(shard, mesh=self.mesh, in_specs=P(*info.spec),
                              out_specs=flat_spec(P(*info.spec), info.stacked))(
             HybridCanonical.params_from_canonical(self, x, info))
 
     def all_finite(self, flag):
-        axes = (AXIS, *self.axes)
+        axes = (DP, *self.axes)
         return lax.pmin(vary(flag.astype(jnp.int32), axes), axes).astype(bool)
 
     def global_sum(self, x):
-        axes = (AXIS, *self.axes)
+        axes = (DP, *self.axes)
         return lax.psum(vary(x, axes), axes)
 
     def norm(self, tree):
         def sq(g, spec):  # a dp slice of a shard: sum over dp and over the shard's axes
-            return lax.psum(jnp.sum(jnp.square(g)), (AXIS, *(a for a in spec if a)))
+            return lax.psum(jnp.sum(jnp.square(g)), (DP, *(a for a in spec if a)))
         return jnp.sqrt(sum(jax.tree.leaves(jax.tree.map(sq, tree, self.specs))))
 
 
 def flat_spec(spec: P, stacked: bool) -> P:
     """Where a ZeRO-flattened leaf lives: [L, tp x dp x c] or [tp x dp x c]."""
-    split = tuple(a for a in (spec[1:] if stacked else spec) if a) + (AXIS,)
+    split = tuple(a for a in (spec[1:] if stacked else spec) if a) + (DP,)
     return P(spec[0], split) if stacked else P(split)
 
 

@@ -17,7 +17,9 @@ non-finite, whatever the policy; the guard's factor scales the update (the learn
 raised by a fault or lowered after a rollback) without recompiling.
 
 Where the optimizer's copy lives and how per-slice values become global is the layout's
-(`parallel.layouts.Replicated` on one device; ZeRO's slices in `parallel.zero`).
+(`parallel.layouts.Replicated` on one device; ZeRO's slices in `parallel.zero`). Every
+Plan's builder returns a `PlanStep`: the compiled step (`shard_step`: one shard_map over
+the mesh), with the batch and guard placed on it and the state's canonical conversion.
 """
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale.model.loss import loss_fn
 from jaxscale.model.precision import Policy
+from jaxscale.parallel.axes import DP
 from jaxscale.parallel.layouts import Replicated
 
 
@@ -59,7 +63,7 @@ def _times(x, factor):
     """x * factor, and exactly x when factor is 1. (A plain x * factor, though x * 1.0 == x,
     changes the plain step's bits: XLA fuses it with the ops that made x and rounds them
     differently. Through a select the step stays bit-identical to the plain one; measured,
-    tests/test_spikes.py. A factor on the gradients did not, even so: a NaN fault is
+    tests/training/test_spikes.py. A factor on the gradients did not, even so: a NaN fault is
     injected through the batch instead, jaxscale.training.faults.poison.)"""
     return jnp.where(factor == 1, x, (x * factor).astype(x.dtype))
 
@@ -101,7 +105,7 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
               batch_factor: float | jax.Array = 1.0, grad_fn=None, jit: bool = True,
               layout=None):
     """A step(state, batch, guard=None) -> (state, metrics) applying `pol` (jitted unless
-    jit=False); with a `Guard` (or its vector, ShardedStep.place_guard), an update outside
+    jit=False); with a `Guard` (or its vector, PlanStep.place_guard), an update outside
     its limits is dropped (see the top).
 
     batch_factor > 1 divides the loss before the backward pass and multiplies the fp32
@@ -173,3 +177,49 @@ def state_bytes_per_param(state: TrainState, grads, n_params: int) -> dict[str, 
         return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves) / n_params
     return {"params": per_param(state.params), "grads": per_param(grads),
             "master": per_param(state.master), "optimizer": per_param(state.opt_state, True)}
+
+
+class PlanStep:
+    """step(state, batch, guard=None) -> (state, metrics), what every Plan's builder
+    returns: puts the batch's rows on the dp axis (`place_batch`; one device: `mesh` None),
+    then runs `jitted`, the compiled program (lower it to read its HLO), or with a
+    `Guard` its guarded twin `guarded` (compiled on first use: a run without a
+    guard never builds it). `full_params(state)` gives whole parameters (ZeRO-3 and tp/pp
+    layouts pass their own: they store shards); `canonical` converts the whole state to
+    and from the plan-independent form that checkpoints hold (jaxscale.parallel.canonical)."""
+
+    def __init__(self, mesh, jitted, full_params=None, canonical=None, guarded=None):
+        self.mesh, self.jitted, self.canonical = mesh, jitted, canonical
+        self.guarded = guarded or jitted  # one device: a plain jit takes the guard as is
+        self.full_params = full_params or (lambda state: state.params)
+        self.batch_sharding = None if mesh is None else NamedSharding(mesh, P(DP))
+        self.guard_sharding = None if mesh is None else NamedSharding(mesh, P())
+
+    def place_batch(self, batch: dict) -> dict:
+        return jax.device_put({k: batch[k] for k in ("tokens", "targets", "mask")},
+                              self.batch_sharding)
+
+    def place_guard(self, guard: Guard) -> jax.Array:
+        """The guard's scalars as one float32 vector on every device of the mesh (every
+        process gives the same): one transfer a step, not one per scalar."""
+        return jax.device_put(np.asarray(guard, np.float32), self.guard_sharding)
+
+    def __call__(self, state, batch, guard: Guard | None = None):
+        if guard is None:
+            return self.jitted(state, self.place_batch(batch))
+        return self.guarded(state, self.place_batch(batch), self.place_guard(guard))
+
+
+def shard_step(update, mesh, state_specs, prepare=None, batch_spec=P(DP)) -> tuple:
+    """(step, guarded step): `update` (steplib.make_step, jit=False) in one shard_map over
+    `mesh`, the state on `state_specs`, the batch's rows on dp, the guard's vector
+    replicated (PlanStep.place_guard). With `prepare`, the batch (every row placed on
+    dp, whole) is first rearranged by it under the same jit and split as `batch_spec` says
+    (context parallelism: tokens in ring order, split over dp and cp)."""
+    def build(*in_specs):
+        mapped = jax.shard_map(update, mesh=mesh, in_specs=in_specs,
+                               out_specs=(state_specs, P()))
+        if prepare is None:
+            return jax.jit(mapped)
+        return jax.jit(lambda state, batch, *guard: mapped(state, prepare(batch), *guard))
+    return build(state_specs, batch_spec), build(state_specs, batch_spec, P())

@@ -43,7 +43,8 @@ from jaxscale.model import transformer as modellib, precision
 from jaxscale.model.loss import logits_nll_and_count, nll_and_count
 from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel import step as steplib
-from jaxscale.parallel.data_parallel import ShardedStep, accumulated_value_and_grad, shard_step
+from jaxscale.parallel.step import PlanStep, shard_step
+from jaxscale.parallel.data_parallel import accumulated_value_and_grad
 from jaxscale.parallel.zero_layout import ZeroLayout, is_stacked, padded_size, zero_layout
 from jaxscale.runtime import mesh as meshlib
 
@@ -167,7 +168,7 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
         return jax.device_put(fresh_state(params32), shardings)
 
     compiled, guarded = shard_step(update, mesh, state_specs)
-    return init, ShardedStep(mesh, compiled,
+    return init, PlanStep(mesh, compiled,
                              jax.jit(lambda state: layout.full_params(state.params)),
                              Canonical(layout, optimizer, pol, param_shapes, mesh, shardings),
                              guarded)

@@ -22,7 +22,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxscale.parallel import layouts
-from jaxscale.parallel.axes import DP as AXIS
+from jaxscale.parallel.axes import DP
 
 STACKED = "blocks"  # the parameter subtree whose leaves carry a leading layers axis
 
@@ -75,7 +75,7 @@ class ZeroLayout(layouts.Replicated):
         Otherwise (a dimension dp does not divide, padding) it is spread as usual."""
         lead = 1 if info.stacked else 0
         if len(info.shape) > lead and info.shape[lead] % self.k == 0:
-            return P(*([None] * lead), AXIS)
+            return P(*([None] * lead), DP)
         return None
 
     def copy_to_canonical(self, f, info):
@@ -87,7 +87,7 @@ class ZeroLayout(layouts.Replicated):
     @staticmethod
     def spec(leaf) -> P:
         """Where a flattened leaf lives: its last axis split over dp; scalars replicated."""
-        return P(*([None] * (leaf.ndim - 1)), AXIS) if leaf.ndim else P()
+        return P(*([None] * (leaf.ndim - 1)), DP) if leaf.ndim else P()
 
     def full_params(self, params):
         """Whole parameters from a state's `params` (for evaluation; runs outside shard_map)."""
@@ -99,20 +99,20 @@ class ZeroLayout(layouts.Replicated):
 
     def owned(self, params):
         """Whole tensors -> this device's flat slices (inside shard_map)."""
-        i = lax.axis_index(AXIS)
+        i = lax.axis_index(DP)
         return jax.tree.map(lambda f: lax.dynamic_slice_in_dim(f, i * (f.shape[-1] // self.k),
                                                                f.shape[-1] // self.k, axis=-1),
                             self.flatten(params))
 
     def params(self, updated):
         gathered = jax.tree.map(
-            lambda s: lax.all_gather(s, AXIS, axis=s.ndim - 1, tiled=True, to="invarying"),
+            lambda s: lax.all_gather(s, DP, axis=s.ndim - 1, tiled=True, to="invarying"),
             updated)
         return self.unflatten(gathered)
 
     def scatter(self, grads):
         """Whole gradients -> the sum over dp of my slices: the reduce-scatter."""
-        return jax.tree.map(lambda f: lax.psum_scatter(f, AXIS, scatter_dimension=f.ndim - 1,
+        return jax.tree.map(lambda f: lax.psum_scatter(f, DP, scatter_dimension=f.ndim - 1,
                                                        tiled=True), self.flatten(grads))
 
     def reduction(self) -> layouts.GradReduction:
@@ -129,17 +129,17 @@ class ZeroLayout(layouts.Replicated):
 
         def whole(s, shape):
             dims = shape.shape[1:] if layer else shape.shape
-            return lax.all_gather(s, AXIS, tiled=True)[:math.prod(dims)].reshape(dims)
+            return lax.all_gather(s, DP, tiled=True)[:math.prod(dims)].reshape(dims)
         return jax.tree.map(whole, unit, shapes)
 
     def all_finite(self, flag):
-        return lax.pmin(flag.astype(jnp.int32), AXIS).astype(bool)
+        return lax.pmin(flag.astype(jnp.int32), DP).astype(bool)
 
     def global_sum(self, x):
-        return lax.psum(x, AXIS)
+        return lax.psum(x, DP)
 
     def norm(self, tree):
-        return jnp.sqrt(lax.psum(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(tree)), AXIS))
+        return jnp.sqrt(lax.psum(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(tree)), DP))
 
 
 class Zero2Layout(ZeroLayout):

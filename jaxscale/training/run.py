@@ -28,7 +28,7 @@ class Run:
     cfg: TrainConfig
     plan: Plan
     mcfg: ModelConfig
-    step_fn: Any  # parallel.data_parallel.ShardedStep
+    step_fn: Any  # parallel.data_parallel.PlanStep
     batches: StepBatches
     floor: float
     note: Callable  # note(message, kind="warning"): warnings and notes for the user

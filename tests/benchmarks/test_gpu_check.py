@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import mfu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 KINDS = {"setup", "info", "tests", "bench", "profile", "train", "compare"}
 KEYS = {"benchmark", "dry_run", "date", "device", "versions", "machine", "steps", "bench_rows",

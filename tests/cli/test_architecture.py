@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "jaxscale"
+PACKAGE = Path(__file__).resolve().parents[2] / "jaxscale"
 RANK = {"garden": 0, "report": 0,
         "runtime": 1,
         "model": 2, "costmodel": 2, "data": 2,

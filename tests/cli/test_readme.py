@@ -6,7 +6,7 @@ options parsed, the config validated, devices and mesh set up, then the loop is 
 `compare` lines run up to their workers: every strategy validated and its plan built, then
 the run is replaced (the compare tests run the command itself, end to end and --abstract).
 `launch` lines run up to starting their processes: every check passed, each process's
-command line built and parsed (tests/test_multiprocess.py launches for real).
+command line built and parsed (tests/parallel/test_multiprocess.py launches for real).
 """
 import json
 import re
@@ -22,7 +22,7 @@ from jaxscale.runtime import processes
 from jaxscale.training import reference
 from jaxscale.training.config import TrainConfig
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 CALCULATORS = {"memory", "comm", "failures", "plan", "schedule"}
 FILE_OPTIONS = {"--png", "--out", "--checkpoint-dir", "--input", "--validation", "--profile"}
 

@@ -1,6 +1,6 @@
 """How the model computes, checked against the reference: attention kernels (einsum against
 jax.nn.dot_product_attention), layers scanned or unrolled, and the Plan fields that pick
-them. cuDNN's kernel needs a GPU: tests/test_gpu.py."""
+them. cuDNN's kernel needs a GPU: tests/model/test_gpu.py."""
 import functools
 
 import jax

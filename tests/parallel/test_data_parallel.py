@@ -14,7 +14,8 @@ from jaxscale.measure import compare_trees
 from jaxscale.model import optim
 from jaxscale.runtime.mesh import make_mesh
 from jaxscale.model.loss import loss_fn, nll_and_count
-from jaxscale.parallel.data_parallel import (AXIS, dp_value_and_grad, replicas_identical,
+from jaxscale.parallel.axes import DP
+from jaxscale.parallel.data_parallel import (dp_value_and_grad, replicas_identical,
     shard_mean_of_means)
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.build import build_train_step
@@ -38,7 +39,7 @@ def dp_grads(graphdef, dp, micro_batches=1):
     mesh = make_mesh(f"dp={dp}", jax.devices()[:dp])
     return jax.jit(jax.shard_map(
         lambda p, b: dp_value_and_grad(graphdef, micro_batches)(p, b, None), mesh=mesh,
-        in_specs=(P(), P(AXIS)), out_specs=(P(), P())))
+        in_specs=(P(), P(DP)), out_specs=(P(), P())))
 
 
 @pytest.mark.slow
@@ -60,10 +61,10 @@ def test_the_other_convention_would_give_dp_times_the_gradient(devices):
     mesh = make_mesh("dp=8")
 
     def double_counted(p, b):
-        count = lax.psum(jnp.sum(b["mask"]), AXIS)
+        count = lax.psum(jnp.sum(b["mask"]), DP)
         g = jax.grad(lambda q: nll_and_count(graphdef, q, b)[0] / count)(p)  # implicit sum
-        return lax.psum(g, AXIS)  # ... and an explicit one
-    wrong = jax.jit(jax.shard_map(double_counted, mesh=mesh, in_specs=(P(), P(AXIS)),
+        return lax.psum(g, DP)  # ... and an explicit one
+    wrong = jax.jit(jax.shard_map(double_counted, mesh=mesh, in_specs=(P(), P(DP)),
                                   out_specs=P()))(params, batches[0])
     ref = jax.grad(lambda p: loss_fn(graphdef, p, batches[0]))(params)
     assert compare_trees.max_rel_diff(wrong, ref) > 6  # off by 7x the gradient itself

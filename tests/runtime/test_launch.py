@@ -17,7 +17,7 @@ from jaxscale.cli import main as cli
 from jaxscale.cli.commands import launch as L
 from jaxscale.runtime import launcher
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A stand-in for `python -m jaxscale train ...`: argv is INDEX ROLE PROCESSES FOLDER, the
 # role words saying what it does (ok: exit 0; fail: exit 3; kill: SIGKILL itself; otherwise

@@ -29,7 +29,7 @@ from jaxscale.training.loop import train
 
 pytestmark = pytest.mark.slow
 
-FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint_pre_redesign"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_pre_redesign"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 
 
