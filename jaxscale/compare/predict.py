@@ -12,10 +12,12 @@ from jaxscale.compare.strategies import CompareError
 from jaxscale.model import config as model_config
 from jaxscale.model import transformer as modellib
 from jaxscale.parallel.hybrid import param_specs
+from jaxscale.parallel.layouts import Replicated
 from jaxscale.parallel.mesh_layouts import local_shapes
 from jaxscale.parallel.pipeline import tick_table
 from jaxscale.parallel.plan import Plan
 from jaxscale.parallel.zero import stage3_ring_bytes
+from jaxscale.parallel.zero_layout import ZERO_LAYOUTS
 
 
 def params_per_device(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:
@@ -63,21 +65,9 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
             ops = by_axis.setdefault(axis, {})
             ops[op] = ops.get(op, 0.0) + v
     grads = 4 * psi["total"]
-    if z == 0:
-        add("all-reduce", ring(grads, k), "dp")
-    elif z in (1, 2):  # stage 2 reduce-scatters every micro-batch (pipeline: backward tick)
-        times = m * (plan.virtual if plan.pp > 1 else 1) if z == 2 else 1
-        add("reduce-scatter", times * (k - 1) / k * grads, "dp")
-        add("all-gather", (k - 1) / k * grads, "dp")
-    elif plan.pp == 1:
-        census = stage3_census(cfg, plan)
-        add("all-gather", census["all_gather"], "dp")
-        add("reduce-scatter", census["reduce_scatter"], "dp")
-    else:  # every tick gathers its chunk's units: forward, then again in backward (the
-        # stage's recomputed forward and what its backward needs), scattering there
-        census, ticks = stage3_census(cfg, plan), m * plan.virtual
-        add("all-gather", ticks * (census["all_gather"] + census["reduce_scatter"]), "dp")
-        add("reduce-scatter", ticks * census["reduce_scatter"], "dp")
+    layout = ZERO_LAYOUTS.get(z, Replicated)  # each layout says what its dp reduction sends
+    for op, v in layout.dp_bytes(grads, plan, lambda: stage3_census(cfg, plan)).items():
+        add(op, v, "dp")
     # the sequence's shares of every gradient (ZeRO: of its slices) summed, after dp's
     # reduction: over cp, and over tp for what tp does not split when sequence parallel
     shrink, sp = (k if z else 1), plan.sequence_parallel

@@ -87,6 +87,13 @@ class Replicated:
         step sums them."""
         return GradReduction(psum_dp, own=own_copy)
 
+    @staticmethod
+    def dp_bytes(grad_bytes: float, plan, stage3_census=None) -> dict[str, float]:
+        """Ring bytes one device sends over dp per step to reduce `grad_bytes` of gradients
+        the way this layout does: one all-reduce, 2 (K-1)/K of them."""
+        k = plan.dp
+        return {"all-reduce": 2 * (k - 1) / k * grad_bytes}
+
     def target(self, params):
         return params
 

@@ -119,6 +119,19 @@ class ZeroLayout(layouts.Replicated):
         """Whole gradients on each device's own copy, reduce-scattered once per step."""
         return layouts.GradReduction(self.scatter, own=layouts.own_copy)
 
+    @classmethod
+    def dp_bytes(cls, grad_bytes: float, plan, stage3_census=None) -> dict[str, float]:
+        """A reduce-scatter of the gradients per reduction (`reductions`), then one
+        all-gather of the updated slices: (K-1)/K of the bytes each."""
+        k = plan.dp
+        return {"reduce-scatter": cls.reductions(plan) * (k - 1) / k * grad_bytes,
+                "all-gather": (k - 1) / k * grad_bytes}
+
+    @staticmethod
+    def reductions(plan) -> int:
+        """Reduce-scatters of the gradients per step: one."""
+        return 1
+
     def fetch(self, unit, layer: bool):
         """Stage 3: one unit's slices -> its whole tensors (`layer`: one block's, [c] each).
 
@@ -152,6 +165,11 @@ class Zero2Layout(ZeroLayout):
         return layouts.GradReduction(self.scatter, every_micro=True, owned=self.target,
                                      own=layouts.own_copy)
 
+    @staticmethod
+    def reductions(plan) -> int:
+        """One per micro-batch (in a pipeline: per backward tick, v per micro-batch)."""
+        return plan.micro_batches * (plan.virtual if plan.pp > 1 else 1)
+
 
 class Zero3Layout(ZeroLayout):
     """Stage 3: the working parameters are this device's slices too; each unit gathers its
@@ -177,6 +195,19 @@ class Zero3Layout(ZeroLayout):
 
     def reduction(self) -> layouts.GradReduction:
         return layouts.GradReduction(None)
+
+    @classmethod
+    def dp_bytes(cls, grad_bytes: float, plan, stage3_census=None) -> dict[str, float]:
+        """Each unit's gathers, and their transposes' reduce-scatters, from the tensor by
+        tensor census (`stage3_census()`: one unit set; in a pipeline, every tick gathers
+        its chunk's units forward and again in backward, scattering there)."""
+        census = stage3_census()
+        if plan.pp == 1:
+            return {"all-gather": census["all_gather"],
+                    "reduce-scatter": census["reduce_scatter"]}
+        ticks = plan.micro_batches * plan.virtual
+        return {"all-gather": ticks * (census["all_gather"] + census["reduce_scatter"]),
+                "reduce-scatter": ticks * census["reduce_scatter"]}
 
 
 ZERO_LAYOUTS = {1: ZeroLayout, 2: Zero2Layout, 3: Zero3Layout}
