@@ -29,7 +29,7 @@ from jaxscale.model import optim, precision  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.training.config import TrainConfig  # noqa: E402
-from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_run  # noqa: E402
 from jaxscale.model import config as model_config
 from jaxscale.parallel import step as steplib
 
@@ -41,7 +41,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
     cfg, opt, pol = model_config.preset("tiny"), optim.adamw(3e-3), precision.policy("fp32")
-    graphdef, params, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_run(TrainConfig())
     batch = as_arrays(next(garden.make_corpus(0).train_batches(32)))
 
     init1, step1 = build_train_step(cfg, Plan(), opt)

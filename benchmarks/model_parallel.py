@@ -31,7 +31,7 @@ from jaxscale.parallel import schedules as sched  # noqa: E402
 from jaxscale.parallel.pipeline import IDLE, tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.training.config import TrainConfig  # noqa: E402
-from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_run  # noqa: E402
 from jaxscale.model import config as model_config
 
 PLANS = {"single": Plan(), "tp2": Plan(tp=2),
@@ -48,7 +48,7 @@ def main():
     args = ap.parse_args()
     enable_compilation_cache()
     cfg = model_config.preset("tiny8")
-    _, params, _ = init_state(TrainConfig(model="tiny8"))
+    _, params, _ = init_run(TrainConfig(model="tiny8"))
     batch = as_arrays(next(garden.make_corpus(0).train_batches(32)))
     programs = {k: prepared(cfg, params, batch, p) for k, p in PLANS.items()}
     times = round_robin(programs, args.repeats, args.steps)

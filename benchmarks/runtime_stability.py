@@ -44,10 +44,10 @@ def worker(name: str) -> None:
     from jaxscale.compare.strategies import run_strategy, strategy_plan
     from jaxscale.parallel.plan import Plan
     from jaxscale.training.config import TrainConfig
-    from jaxscale.training.reference import as_arrays, init_state
+    from jaxscale.training.reference import as_arrays, init_run
     enable_compilation_cache()
     cfg = model_config.preset("tiny")
-    _, params, _ = init_state(TrainConfig(model="tiny"))
+    _, params, _ = init_run(TrainConfig(model="tiny"))
     it = garden.make_corpus(0, seq_len=cfg.seq_len).train_batches(32, seed=1)
     from jaxscale.data.sampler import FixedBatches
     batches = FixedBatches([as_arrays(next(it)) for _ in range(10)])

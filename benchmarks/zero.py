@@ -31,7 +31,7 @@ from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E40
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.training.config import TrainConfig  # noqa: E402
-from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_run  # noqa: E402
 from jaxscale.model import config as model_config
 
 
@@ -63,7 +63,7 @@ def main():
     args = ap.parse_args()
     enable_compilation_cache()
     cfg = model_config.preset("tiny")
-    _, params, _ = init_state(TrainConfig())
+    _, params, _ = init_run(TrainConfig())
     batch = as_arrays(next(garden.make_corpus(0).train_batches(32)))
     result = {"device_count": 8, "batch": 32, "rounds": args.repeats, "steps": args.steps}
     for k in (4, 8):

@@ -529,7 +529,7 @@ def train_and_probe(rows, corpora: dict, seed: int, probes: dict, steps: int) ->
     from jaxscale.training.checkpoint.manager import CheckpointOptions
     from jaxscale.training.checkpoint.tensors import read_canonical, unflat_items
     from jaxscale.training.config import TrainConfig
-    from jaxscale.training.reference import evaluate, init_state, make_eval_step
+    from jaxscale.training.reference import evaluate, init_run, make_eval_step
     from jaxscale.training.loop import train
 
     base = corpora["base"]
@@ -543,7 +543,7 @@ def train_and_probe(rows, corpora: dict, seed: int, probes: dict, steps: int) ->
         with _quiet_orbax():
             saved = read_canonical(Path(tmp) / "ckpt", r.steps_run)
     wall = time.perf_counter() - t
-    graphdef, like, _ = init_state(cfg)
+    graphdef, like, _ = init_run(cfg)
     params = unflat_items(saved, {"params": like})["params"]
     step = make_eval_step(graphdef)
 

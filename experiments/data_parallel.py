@@ -42,7 +42,7 @@ from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.report import print_table, pyplot, save_figure  # noqa: E402
 from jaxscale.training.config import TrainConfig  # noqa: E402
-from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_run  # noqa: E402
 from jaxscale.model import config as model_config
 
 BATCH, STEPS = 32, 60
@@ -54,7 +54,7 @@ class Lab:
             raise SystemExit(f"needs {N_DEVICES} devices, JAX has {len(jax.devices())}: run it "
                              "as python -m experiments.data_parallel")
         self.cfg = model_config.preset("tiny")
-        self.graphdef, self.params0, _ = init_state(TrainConfig(seed=seed))
+        self.graphdef, self.params0, _ = init_run(TrainConfig(seed=seed))
         self.corpus = garden.make_corpus(seed)
         it = self.corpus.train_batches(BATCH, seed=seed)
         self.batches = [as_arrays(next(it)) for _ in range(STEPS)]

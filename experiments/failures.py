@@ -171,11 +171,11 @@ def _measure_saves(directory: Path) -> dict:
     from jaxscale.parallel.plan import Plan
     from jaxscale.parallel.build import build_train_step
     from jaxscale.training.config import TrainConfig
-    from jaxscale.training.reference import as_arrays, init_state
+    from jaxscale.training.reference import as_arrays, init_run
 
     cfg = TrainConfig(model="tiny", batch_size=8)
     plan = Plan()
-    _, params, optimizer = init_state(cfg)
+    _, params, optimizer = init_run(cfg)
     init, step = build_train_step(model_config.preset(cfg.model), plan, optimizer)
     batch = as_arrays(next(garden.make_corpus(cfg.seed, 64, 8).train_batches(cfg.batch_size)))
     state, _ = step(init(params), batch)  # one step: the moments are not zeros

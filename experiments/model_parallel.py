@@ -45,7 +45,7 @@ from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.report import print_table  # noqa: E402
 from jaxscale.training.config import TrainConfig  # noqa: E402
-from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_run  # noqa: E402
 from jaxscale.model import config as model_config
 
 MODEL, BATCH = "tiny8", 32
@@ -58,7 +58,7 @@ class Lab:
             raise SystemExit(f"needs {N_DEVICES} devices, JAX has {len(jax.devices())}: run it "
                              "as python -m experiments.model_parallel")
         self.cfg = model_config.preset(MODEL)
-        _, self.params, _ = init_state(TrainConfig(model=MODEL, seed=seed))
+        _, self.params, _ = init_run(TrainConfig(model=MODEL, seed=seed))
         it = garden.make_corpus(seed).train_batches(BATCH, seed=seed)
         self.batches = [as_arrays(next(it)) for _ in range(20)]
         self.layer0 = jax.tree.map(lambda x: x[0], self.params["blocks"])

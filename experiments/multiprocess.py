@@ -115,7 +115,7 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     from jaxscale.parallel.zero_layout import zero_layout
     from jaxscale.report import print_table
     from jaxscale.training.config import TrainConfig
-    from jaxscale.training.reference import init_state
+    from jaxscale.training.reference import init_run
 
     enable_compilation_cache()
     assert jax.process_count() == N_PROCESSES and len(jax.local_devices()) == per
@@ -123,7 +123,7 @@ def worker(i: int, port: int, out: Path, per: int) -> None:
     k = len(jax.devices())  # dp over every device of both processes
     batch_size = ROWS_PER_DEVICE * k
     cfg = model_config.preset("tiny")
-    graphdef, params, _ = init_state(TrainConfig(seed=SEED))  # the same on every process
+    graphdef, params, _ = init_run(TrainConfig(seed=SEED))  # the same on every process
     corpus = garden.make_corpus(SEED, N_DOCS, 8, cfg.seq_len)
     mesh = make_mesh(f"dp={k}")  # process by process: process 0's devices first
     batches = StepBatches(corpus.train, batch_size, cfg.seq_len, SEED, record=True)

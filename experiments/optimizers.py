@@ -30,7 +30,7 @@ from jaxscale.model import optim
 from jaxscale.training import sweep
 from jaxscale.report import print_table, pyplot, save_figure
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import init_state
+from jaxscale.training.reference import init_run
 from jaxscale.model.loss import loss_fn
 
 TOY_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
@@ -49,7 +49,7 @@ class Lab:
     """The shared set-up: model, corpus, batches; memoised learning-rate sweeps."""
 
     def __init__(self, seed: int = 0):
-        self.graphdef, self.params0, _ = init_state(TrainConfig(seed=seed))
+        self.graphdef, self.params0, _ = init_run(TrainConfig(seed=seed))
         self.corpus = garden.make_corpus(seed)
         self.batches = sweep.stack_batches(self.corpus, STEPS, BATCH, seed=seed)
         self.val = sweep.stack_val(self.corpus)

@@ -31,7 +31,7 @@ from jaxscale.training import sweep
 from jaxscale.model.loss import loss_fn
 from jaxscale.report import print_table, pyplot, save_figure
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import init_state
+from jaxscale.training.reference import init_run
 from jaxscale.model import config as model_config
 from jaxscale.model import formats
 from jaxscale.parallel import step as steplib
@@ -42,7 +42,7 @@ SMALL = 4096.0  # gradients as small as a 4096x larger batch would give
 
 class Lab:
     def __init__(self, seed: int = 0):
-        self.graphdef, self.params0, _ = init_state(TrainConfig(seed=seed))
+        self.graphdef, self.params0, _ = init_run(TrainConfig(seed=seed))
         self.corpus = garden.make_corpus(seed)
         self.batches = sweep.stack_batches(self.corpus, 400, BATCH, seed=seed)
         self.val = sweep.stack_val(self.corpus)

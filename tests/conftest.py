@@ -38,7 +38,7 @@ from jaxscale.runtime.devices import force_cpu_devices  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.training.config import TrainConfig  # noqa: E402
-from jaxscale.training.reference import as_arrays, init_state  # noqa: E402
+from jaxscale.training.reference import as_arrays, init_run  # noqa: E402
 from jaxscale.model import config as model_config
 
 jax.config.update("jax_compilation_cache_dir", str(CACHE))
@@ -77,7 +77,7 @@ def devices():
 
 @functools.lru_cache(maxsize=None)
 def setup(model: str):
-    _, params, _ = init_state(TrainConfig(model=model))
+    _, params, _ = init_run(TrainConfig(model=model))
     batch = as_arrays(next(garden.make_corpus(0).train_batches(32, seed=3)))
     return model_config.preset(model), params, batch
 

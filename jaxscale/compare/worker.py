@@ -28,7 +28,7 @@ from jaxscale.parallel.plan import Plan
 from jaxscale.runtime import devices as devlib, processes as distributed
 from jaxscale.runtime.compile_cache import enable_compilation_cache
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import init_state
+from jaxscale.training.reference import init_run
 
 LEARNING_RATE = 3e-3  # AdamW, the same for every strategy
 
@@ -71,7 +71,7 @@ def worker() -> int:
         emit(event="joined", process=me, processes=jax.process_count())
     enable_compilation_cache()
     cfg = model_config.preset(spec["model"])
-    _, params, _ = init_state(TrainConfig(model=spec["model"]))
+    _, params, _ = init_run(TrainConfig(model=spec["model"]))
     corpus = garden.make_corpus(0, seq_len=cfg.seq_len)
     batches = StepBatches(corpus.train, spec["batch_size"], cfg.seq_len, seed=1,
                           steps=spec["steps"])  # each process builds only its rows

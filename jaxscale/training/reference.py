@@ -52,7 +52,7 @@ def evaluate(eval_step, params, batches: list[garden.Batch]) -> float:
     return total / count
 
 
-def init_state(cfg: TrainConfig):
+def init_run(cfg: TrainConfig):
     """(graphdef, params, optimizer) for a fresh run of `cfg`.
 
     `graphdef` is the model's static structure; `params` the fp32 arrays as a nested dict.

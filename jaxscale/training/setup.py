@@ -17,7 +17,7 @@ from jaxscale.training import hooks as H
 from jaxscale.training.checkpoint.manager import Checkpointer
 from jaxscale.training.config import TrainConfig, TrainConfigError, lr_schedule
 from jaxscale.training.faults import FAULTS_FILE, FaultLog
-from jaxscale.training.reference import init_state, make_eval_step
+from jaxscale.training.reference import init_run, make_eval_step
 from jaxscale.training.run import Run, open_metrics, resumed_metrics
 
 
@@ -52,7 +52,7 @@ def load_corpus(cfg: TrainConfig, corpus: garden.Corpus | None) -> garden.Corpus
 def start_run(cfg, corpus, out_dir, progress, log, checkpoint, halt_after, faults, profile):
     """(run, hooks, validator, output folder or None, profiler): ready for the first step."""
     mcfg, plan = model_config.preset(cfg.model), cfg.plan()
-    graphdef, params, optimizer = init_state(cfg)
+    graphdef, params, optimizer = init_run(cfg)
     init_fn, step_fn = build_train_step(mcfg, plan, optimizer)
     main = processes.is_main()  # one voice: only process 0 prints and writes
     log = log if main else None

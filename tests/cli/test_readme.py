@@ -105,7 +105,7 @@ def _save_a_checkpoint_as(argv, tmp_path, monkeypatch):
     from jaxscale.parallel.build import build_train_step
 
     def save(cfg, checkpoint=None, **kwargs):
-        _, params, optimizer = reference.init_state(cfg)
+        _, params, optimizer = reference.init_run(cfg)
         init, step = build_train_step(preset(cfg.model), Plan(precision=cfg.precision),
                                       optimizer, jax.devices()[:1])
         with Checkpointer(replace(checkpoint, resume=False)) as ckpt:

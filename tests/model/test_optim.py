@@ -17,7 +17,7 @@ from jaxscale import garden
 from jaxscale.model import optim
 from jaxscale.model.config import param_count, preset
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import as_arrays, init_state
+from jaxscale.training.reference import as_arrays, init_run
 from jaxscale.model.loss import loss_fn
 
 STEPS = 100
@@ -28,7 +28,7 @@ HYPOTHESIS = settings(max_examples=6, deadline=None, derandomize=True,
 @functools.lru_cache(maxsize=1)
 def problem():
     """Tiny transformer, its initial parameters and 4 real batches of 8 documents."""
-    graphdef, params, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_run(TrainConfig())
     it = garden.make_corpus(0).train_batches(8, seed=5)
     batches = jax.tree.map(lambda *x: jnp.stack(x), *[as_arrays(next(it)) for _ in range(4)])
     return graphdef, params, batches

@@ -12,14 +12,14 @@ from jaxscale.model import optim, precision as P
 from jaxscale.training import sweep
 from jaxscale.model.config import param_count, preset
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import init_state, make_train_step
+from jaxscale.training.reference import init_run, make_train_step
 from jaxscale.model import formats
 from jaxscale.parallel import step as steplib
 
 
 @functools.lru_cache(maxsize=1)
 def setup():
-    graphdef, params, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_run(TrainConfig())
     batches = sweep.stack_batches(garden.make_corpus(0), 8, 8, seed=3)
     return graphdef, params, [jax.tree.map(lambda x, i=i: x[i], batches) for i in range(8)]
 

@@ -20,7 +20,7 @@ from jaxscale.parallel.data_parallel import (dp_value_and_grad, replicas_identic
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.build import build_train_step
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import as_arrays, init_state
+from jaxscale.training.reference import as_arrays, init_run
 from jaxscale.model import config as model_config
 
 from conftest import fp32_sum_bound
@@ -30,7 +30,7 @@ CFG = model_config.preset("tiny")
 
 @functools.lru_cache(maxsize=1)
 def setup():
-    graphdef, params, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_run(TrainConfig())
     it = garden.make_corpus(0).train_batches(32, seed=7)
     return graphdef, params, [as_arrays(next(it)) for _ in range(60)]
 

@@ -13,7 +13,7 @@ from jaxscale.model.loss import loss_fn
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.build import build_train_step
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import as_arrays, init_state
+from jaxscale.training.reference import as_arrays, init_run
 from jaxscale.model import config as model_config
 
 from conftest import fp32_sum_bound
@@ -21,7 +21,7 @@ from conftest import fp32_sum_bound
 
 @functools.lru_cache(maxsize=1)
 def setup():
-    _, params, _ = init_state(TrainConfig())
+    _, params, _ = init_run(TrainConfig())
     batch = as_arrays(next(garden.make_corpus(0).train_batches(128)))
     compiled = {}
     for policy in M.REMAT_POLICIES:

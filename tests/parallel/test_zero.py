@@ -15,7 +15,7 @@ from flax import nnx
 
 from jaxscale.parallel.zero import ZeroError, stage3_ring_bytes
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import as_arrays, init_state
+from jaxscale.training.reference import as_arrays, init_run
 from jaxscale.model import config as model_config
 
 from conftest import fp32_sum_bound
@@ -25,7 +25,7 @@ CFG, K = model_config.preset("tiny"), 4
 
 @functools.lru_cache(maxsize=1)
 def setup():
-    _, params, _ = init_state(TrainConfig())
+    _, params, _ = init_run(TrainConfig())
     it = garden.make_corpus(0).train_batches(32, seed=3)
     return params, [as_arrays(next(it)) for _ in range(40)]
 

@@ -18,7 +18,7 @@ from jaxscale.cli import main as cli
 from jaxscale.parallel.plan import Plan
 from jaxscale.parallel.build import build_train_step
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import init_state
+from jaxscale.training.reference import init_run
 from jaxscale.training.loop import train
 from jaxscale.model import config as model_config
 
@@ -39,7 +39,7 @@ LAYOUTS = {
 def built(plan: Plan, precision: str = "fp32"):
     """(init, step, params) of a plan: one compiled set per plan for the whole module."""
     cfg = TrainConfig(model=MODEL, precision=precision)
-    _, params, optimizer = init_state(cfg)
+    _, params, optimizer = init_run(cfg)
     plan = replace(plan, precision=precision)
     init, step = build_train_step(model_config.preset(MODEL), plan, optimizer, jax.devices()[:plan.n_devices])
     return init, step, params

@@ -202,12 +202,12 @@ FULL_DISK = textwrap.dedent("""
     from jaxscale.training.checkpoint import store
     from jaxscale.training.checkpoint.meta import run_meta
     from jaxscale.training.config import TrainConfig
-    from jaxscale.training.reference import init_state
+    from jaxscale.training.reference import init_run
     from jaxscale.model.config import preset
     from jaxscale.parallel.plan import Plan
     from jaxscale.parallel.build import build_train_step
     cfg = TrainConfig(model="tiny")
-    _, params, opt = init_state(cfg)
+    _, params, opt = init_run(cfg)
     init, step = build_train_step(preset("tiny"), Plan(), opt)
     canonical = step.canonical.to_canonical(init(params))
     meta = run_meta(cfg, Plan(), 0, [], [], [], 0)

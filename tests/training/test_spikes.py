@@ -29,7 +29,7 @@ from jaxscale.data.sampler import StepBatches
 from jaxscale.parallel.plan import Plan, PlanError, elastic_micro_batches
 from jaxscale.parallel.build import build_train_step
 from jaxscale.training.config import TrainConfig, lr_schedule
-from jaxscale.training.reference import init_state
+from jaxscale.training.reference import init_run
 from jaxscale.training.loop import train
 from jaxscale.model import config as model_config
 from jaxscale.parallel import step as steplib
@@ -84,7 +84,7 @@ def test_window_limits_are_mean_plus_z_std_of_accepted_steps_after_warm_up():
 def _step(name: str):
     plan = strategy_plan(name, 8, model_config.preset("tiny"))
     # test_checkpoint_resume's config: its plain programs are in the compilation cache
-    _, params, optimizer = init_state(TrainConfig(model="tiny", steps=40, warmup=10))
+    _, params, optimizer = init_run(TrainConfig(model="tiny", steps=40, warmup=10))
     init, step = build_train_step(model_config.preset("tiny"), plan, optimizer,
                                   jax.devices()[:plan.n_devices])
     corpus = garden.make_corpus(0, 256, 16, model_config.preset("tiny").seq_len)

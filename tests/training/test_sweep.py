@@ -7,7 +7,7 @@ from jaxscale import garden
 from jaxscale.model import optim
 from jaxscale.training import sweep
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import as_arrays, init_state, make_train_step
+from jaxscale.training.reference import as_arrays, init_run, make_train_step
 from jaxscale.model.loss import loss_fn
 
 from conftest import fp32_sum_bound
@@ -15,7 +15,7 @@ from conftest import fp32_sum_bound
 
 @pytest.fixture(scope="module")
 def setup():
-    graphdef, params, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_run(TrainConfig())
     corpus = garden.make_corpus(0)
     return graphdef, params, corpus
 

@@ -13,7 +13,7 @@ from flax import nnx
 from jaxscale import garden
 from jaxscale.report import Progress
 from jaxscale.training.config import TrainConfig
-from jaxscale.training.reference import as_arrays, init_state, make_train_step
+from jaxscale.training.reference import as_arrays, init_run, make_train_step
 from jaxscale.model.loss import loss_fn
 from jaxscale.training.loop import train
 from jaxscale.model import config as model_config
@@ -25,7 +25,7 @@ SHORT = dict(steps=30, eval_every=15, warmup=5, n_train_docs=256, n_val_docs=64)
 
 @pytest.fixture(scope="module")
 def setup():
-    graphdef, params, _ = init_state(TrainConfig())
+    graphdef, params, _ = init_run(TrainConfig())
     batch = next(garden.make_corpus(0).train_batches(32))
     return graphdef, params, batch
 
