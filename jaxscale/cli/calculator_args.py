@@ -16,7 +16,6 @@ from jaxscale.costmodel import units
 STAGE_NAMES = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]  # ZeRO stage 0-3, as tables print them
 
 
-
 def arg_type(parse):
     """An argparse type from a costmodel parser: its CostModelError becomes argparse's error."""
     def convert(text: str):
@@ -182,4 +181,3 @@ def table(title: str, columns: list[str], rows: list[list]) -> None:
     """A rich table of already formatted cells (jaxscale.report.print_table)."""
     from jaxscale.report import print_table
     print_table(title, columns, [[str(v) for v in row] for row in rows])
-

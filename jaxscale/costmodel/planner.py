@@ -256,5 +256,3 @@ def rank_of(rows: list[dict], **degrees) -> int | None:
         if all(r["layout"][k] == v for k, v in degrees.items()):
             return i
     return None
-
-

@@ -244,7 +244,6 @@ def tp_operators(tp_axis: str | None, sequence_parallel: bool = False):
             lambda y: named(jax.lax.psum(y, tp_axis)))
 
 
-
 def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum", seq=None):
     """One pre-LN transformer block: x + attn(LN(x)), then + mlp(LN(.)).
 

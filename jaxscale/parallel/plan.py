@@ -185,4 +185,3 @@ LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "zero": "zero_sta
                "micro_batches": "micro_batches", "schedule": "schedule", "virtual": "virtual",
                "remat": "remat", "precision": "precision", "attention": "attention",
                "unroll": "unroll", "sp": "sequence_parallel"}
-

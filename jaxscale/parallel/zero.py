@@ -49,7 +49,6 @@ from jaxscale.parallel.zero_layout import ZeroLayout, is_stacked, padded_size, z
 from jaxscale.runtime import mesh as meshlib
 
 
-
 class ZeroError(ValueError):
     """An optimizer or plan that ZeRO cannot shard."""
 

@@ -32,7 +32,6 @@ import jax
 import numpy as np
 
 
-
 # Threads per forced device in each of the CPU runtime's pools: a device holds up to three
 # at once (a collective inside a loop body, the next one, the loop itself); one spare.
 THREADS_PER_DEVICE = 4

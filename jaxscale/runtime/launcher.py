@@ -39,17 +39,9 @@ from jaxscale.runtime.processes import LAUNCHED_ENV
 # After a child died: SIGTERM, then SIGKILL. A JAX process of a multi-process job survives
 # SIGTERM (JAX's preemption notifier catches it), so it is the SIGKILL that ends it.
 TERMINATE_GRACE_S = 3.0
-
-
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C: time to save partial results, then SIGKILL
-
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 POLL_S = 0.05
-
-
 TAIL_LINES = 10
 
 

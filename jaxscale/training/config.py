@@ -18,8 +18,6 @@ class TrainConfigError(ValueError):
 
 
 OPTIMIZERS = tuple(optim.OPTIMIZERS)
-
-
 LR_SCHEDULES = ("cosine", "constant")
 
 

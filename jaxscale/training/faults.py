@@ -26,11 +26,7 @@ from jaxscale.training.spikes import SpikeError
 
 
 FAULT_KINDS = ("nan", "spike", "lr", "crash")
-
-
 BAD_BATCHES = ("random", "repeat", "ngram")
-
-
 FAULTS_FILE = "jaxscale-faults.json"  # in the checkpoint directory: the faults that fired
 
 

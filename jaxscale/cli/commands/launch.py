@@ -145,4 +145,3 @@ def _float(text: str | None) -> float | None:
         return float(text)
     except (TypeError, ValueError):
         return None
-

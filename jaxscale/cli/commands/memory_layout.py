@@ -19,7 +19,6 @@ from jaxscale.costmodel import states as S
 from jaxscale.costmodel import units
 
 
-
 def add_options(p) -> None:
     g = p.add_argument_group("layout (tensor, sequence, pipeline, context parallelism)")
     g.add_argument("--tp", type=size_arg(), default=1, metavar="T", help="tensor-parallel degree")

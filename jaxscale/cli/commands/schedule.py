@@ -110,4 +110,3 @@ def _cmd_schedule(args) -> int:
     if png:
         print(f"Gantt chart in {png}")
     return 0
-

@@ -149,4 +149,3 @@ def listing(directory) -> list[dict]:
                                                    f"has no {e} field")
         rows.append(row)
     return sorted(rows, key=lambda r: (r["step"], r["complete"]))
-
