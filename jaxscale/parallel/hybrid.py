@@ -38,7 +38,7 @@ from jaxscale.parallel.axes import CP, DP, PP, TP
 from jaxscale.parallel.canonical import Canonical, param_infos
 from jaxscale.parallel.step import PlanStep, shard_step
 from jaxscale.parallel.data_parallel import accumulated_value_and_grad
-from jaxscale.parallel.mesh_layouts import layer_order, mesh_layout, state_flat_specs
+from jaxscale.parallel.mesh_layouts import is_spec, layer_order, mesh_layout, state_flat_specs
 from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table
 from jaxscale.parallel.plan import PlanError
 from jaxscale.parallel.vma import vary
@@ -103,16 +103,12 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
             prepare=lambda b: context.prepare(b, plan.cp, document_mask=model_cfg.document_mask))
     else:
         compiled, guarded = shard_step(update, mesh, state_specs)
-    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=_is_spec)
+    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
     infos = param_infos(shapes, specs)
     return _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order), PlanStep(
         mesh, compiled,  # whole parameters in the model's layer order
         jax.jit(lambda state: jax.tree.map(layout.params_to_canonical, state.params, infos)),
         Canonical(layout, optimizer, pol, shapes, mesh, shardings, specs), guarded)
-
-
-def _is_spec(x) -> bool:
-    return isinstance(x, P)
 
 
 def sequence_axes(plan) -> tuple[str, ...]:
@@ -125,7 +121,7 @@ def pipeline_grad_fn(model_cfg, plan, layout, specs):
     """The pipeline schedule over pp; the gradients reduced over dp as the layout says,
     and over pp for the parameters every stage holds."""
     tp_axis = TP if plan.tp > 1 else None
-    shared = jax.tree.map(lambda s: PP not in s, specs, is_leaf=_is_spec)
+    shared = jax.tree.map(lambda s: PP not in s, specs, is_leaf=is_spec)
     units = (gathered_units(layout.fetch, plan.remat, plan.attention, plan.unroll, tp_axis)
              if plan.zero_stage == 3 else None)
     return pipeline_value_and_grad(
@@ -165,7 +161,7 @@ def sequence_grad_fn(model_cfg, plan, layout, specs):
         def one(x, spec):
             axes = tuple(a for a in seq_axes if a != TP or TP not in spec)
             return lax.psum(x, axes) if axes else x
-        return jax.tree.map(one, g, specs, is_leaf=_is_spec) if seq_axes else g
+        return jax.tree.map(one, g, specs, is_leaf=is_spec) if seq_axes else g
 
     mine = ((DP,) if plan.zero_stage != 3 else ()) + seq_axes
     reduction = dataclasses.replace(
@@ -181,7 +177,7 @@ def _state_specs(plan, optimizer, pol, shapes, specs) -> steplib.TrainState:
     return steplib.TrainState(
         flat if plan.zero_stage == 3 else specs, flat if pol.master_weights else None,
         optax.tree_map_params(optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, shapes),
-                              flat, transform_non_params=lambda _: P(), is_leaf=_is_spec),
+                              flat, transform_non_params=lambda _: P(), is_leaf=is_spec),
         P(), P(), P())
 
 
@@ -195,7 +191,7 @@ def _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order):
 
     make = jax.jit(jax.shard_map(local_state, mesh=mesh, in_specs=(specs,),
                                  out_specs=state_specs))
-    placement = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
+    placement = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec)
 
     def init(params32):
         blocks = jax.tree.map(lambda x: x[jnp.asarray(order)], params32["blocks"])

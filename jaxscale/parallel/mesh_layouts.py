@@ -19,6 +19,10 @@ from jaxscale.parallel.vma import vary
 from jaxscale.parallel.zero_layout import Zero2Layout, Zero3Layout, ZeroLayout, is_stacked
 
 
+def is_spec(x) -> bool:
+    """Whether x is a PartitionSpec: a leaf of a tree of specs (a spec is a tuple)."""
+    return isinstance(x, P)
+
 def layer_order(n_layers: int, pp: int, v: int) -> list[int]:
     """Interleaving: device s holds virtual stages s, s+p, ..., so the stacked layer axis
     is reordered such that each device's contiguous share is its chunks in order."""
@@ -142,7 +146,7 @@ def local_shapes(shapes, specs, plan):
         dims = [d // (getattr(plan, a) if a else 1) for d, a in
                 zip(s.shape, tuple(spec) + (None,) * (len(s.shape) - len(spec)))]
         return jax.ShapeDtypeStruct(tuple(dims), s.dtype)
-    return jax.tree.map(local, shapes, specs, is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(local, shapes, specs, is_leaf=is_spec)
 
 
 class Zero2MeshLayout(ZeroMeshLayout, Zero2Layout):
@@ -180,4 +184,4 @@ def state_flat_specs(plan, specs):
     if not plan.zero_stage:
         return specs
     return jax.tree_util.tree_map_with_path(lambda path, sp: flat_spec(sp, is_stacked(path)),
-                                            specs, is_leaf=lambda x: isinstance(x, P))
+                                            specs, is_leaf=is_spec)
