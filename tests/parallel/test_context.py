@@ -116,6 +116,14 @@ def test_document_mask_keeps_attention_inside_documents():
         assert (later == 0.0) if mask else (later > 1e-4)
 
 
+@functools.lru_cache(maxsize=None)
+def _long_step(plan: Plan):
+    """(loss, whole gradients) of one step of `plan` on _long()'s batch; each plan's step
+    is built and run once per session (the single device is every test's reference)."""
+    cfg, params, batch = _long()
+    return _loss_and_grads(cfg, params, batch, plan)
+
+
 def _loss_and_grads(cfg, params, batch, plan):
     init, step = build_train_step(cfg, plan, KEEP_GRADIENT, jax.devices()[:plan.n_devices])
     state, metrics = step(init(params), batch)
@@ -129,10 +137,9 @@ def test_context_parallel_step_equals_one_device(layout):
     """A whole training step on 1,024-token packed rows with document masks: the loss within
     sqrt(n) eps_fp32 relative (n ~ 4,000 target tokens, ~7e-6: an n-term fp32 sum in
     another order) and every gradient within 1e-5 relative (compare_trees.max_rel_diff)."""
-    cfg, params, batch = _long()
-    ref_loss, ref = _loss_and_grads(cfg, params, batch, Plan())
-    loss, grads = _loss_and_grads(cfg, params, batch, Plan.parse(layout))
-    n = float(batch["mask"].sum())
+    ref_loss, ref = _long_step(Plan())
+    loss, grads = _long_step(Plan.parse(layout))
+    n = float(_long()[2]["mask"].sum())
     assert abs(loss - ref_loss) <= np.sqrt(n) * np.finfo(np.float32).eps * ref_loss
     assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
 
@@ -180,7 +187,7 @@ def test_zero_in_a_pipeline_equals_one_device_and_sends_what_is_predicted(layout
     from jaxscale.parallel.pipeline import tick_table
     cfg, params, batch = setup("tiny8")
     plan = Plan.parse(layout)
-    ref_loss, ref = _loss_and_grads(cfg, params, batch, Plan())
+    ref, ref_loss, _, _ = one_step("tiny8")  # the single device's, shared with other tests
     loss, grads = _loss_and_grads(cfg, params, batch, plan)
     assert abs(loss - ref_loss) <= fp32_sum_bound(batch["mask"].sum()) * ref_loss
     if plan.zero_stage == 3:  # (ZeRO-2 keeps its gradient trace in flat slices)
