@@ -26,6 +26,6 @@ cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
   run)  install; exec "$venv/bin/jaxscale" compare "$@" ;;
-  test) install; exec "$venv/bin/python" -m pytest -n 2 "$@" ;;
+  test) install; exec "$venv/bin/python" -m pytest -n 2 --dist worksteal "$@" ;;
   *)    echo "usage: bash scripts/dev.sh run|test [ARGS...]" >&2; exit 2 ;;
 esac

@@ -51,6 +51,39 @@ DEVICES = force_cpu_devices(N_DEVICES)
 assert len(jax.devices("cpu")) == N_DEVICES, jax.devices("cpu")
 
 
+# --- how many programs this process compiled (XLA backend compiles, not persistent-cache
+# loads) and how long they took: each worker writes .cache/suite-compiles/<worker>.json at
+# the end, and benchmarks/suite_time.py adds them up with the cache's entries (one per
+# distinct program, subprocesses included)
+COMPILES = {"compile_requests": 0, "cache_hits": 0, "compile_or_load_s": 0.0, "trace_s": 0.0}
+
+
+def _on_duration(event: str, seconds: float, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        COMPILES["compile_requests"] += 1
+        COMPILES["compile_or_load_s"] += seconds
+    elif event == "/jax/core/compile/jaxpr_trace_duration":
+        COMPILES["trace_s"] += seconds
+
+
+def _on_event(event: str, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+        COMPILES["cache_hits"] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+jax.monitoring.register_event_listener(_on_event)
+
+
+def pytest_sessionfinish(session):
+    import json
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    out = ROOT / ".cache" / "suite-compiles" / f"{worker}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**COMPILES, "compiles": COMPILES["compile_requests"]
+                               - COMPILES["cache_hits"]}) + "\n")
+
+
 def pytest_collection_modifyitems(config, items):
     has_gpu = GPU_TESTS and any(d.platform == "gpu" for d in jax.devices())
     reason = ("needs an NVIDIA GPU: run with JAXSCALE_GPU_TESTS=1 on a GPU machine "
@@ -58,6 +91,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if reason and "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+    # The files that hold slow tests run first, each file's tests together (their
+    # module-scoped fixtures built once): with xdist's work stealing (scripts/dev.sh) the
+    # long tests start at once, and the quick ones fill both workers' last minutes
+    # instead of one long test running alone at the end.
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept within
 
 
 def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 300):
