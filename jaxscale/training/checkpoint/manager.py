@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jaxscale.training.checkpoint.store import (DIGEST, FORMAT, TRASH, CheckpointDamaged,
     CheckpointError, check_compatible, check_files, complete_steps, empty_trash, read_meta,
     write_manifest)
+from jaxscale.training.checkpoint import crash
 from jaxscale.training.checkpoint.meta import versions
 from jaxscale.training.checkpoint.tensors import digest, flat_items, unflat_items
 from jaxscale.parallel.canonical import canonical_sharding
@@ -132,6 +133,7 @@ class Checkpointer:
                 cleanup_tmp_directories=True, todelete_subdir=TRASH,
                 enable_async_checkpointing=options.async_save))
         self._last_saved = None
+        self._saves, self._crash = 0, crash.from_env()  # crash points: tests only
         self._empty_trash()
 
     def __enter__(self):
@@ -158,15 +160,29 @@ class Checkpointer:
             raise self._write_failed(self._last_saved, e) from e
         if self.options.async_save:  # a sync save recorded its files when it returned
             self._record_files()
+        self._saves += 1
+        self._crash_point("start")
         try:
             self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(items), meta=ocp.args.JsonSave(meta)), force=True)
         except Exception as e:  # noqa: BLE001  the disk's error, whichever layer raised it
             raise self._write_failed(step, e) from e
         self._last_saved = step
+        self._crash_point("written")
         if not self.options.async_save:
             self._record_files()
         return time.perf_counter() - t0
+
+    def _crash_point(self, phase: str) -> None:
+        """Die here if $JAXSCALE_CHECKPOINT_CRASH names this phase of this save (tests)."""
+        if self._crash is None:
+            return
+        if phase == "start" and self._crash.due("writing", self._saves):
+            crash.die_while_writing(self.directory)
+        elif self._crash.due(phase, self._saves):
+            if phase == "written":
+                self.manager.wait_until_finished()
+            crash.die()
 
     def restore(self, canonical, config: dict):
         """(step, canonical state on this plan's devices, meta) of the latest checkpoint
