@@ -52,10 +52,11 @@
 # $JAXSCALE_CACHE_DIR), which makes the profile run's compile a load.
 #
 # --platform cpu: a dry run of the same steps on this CPU with tiny (for mid, and for
-# compare's small) and tiny8 (for 1b), batches 4 and 2 (mid) and 2 (1b), fp32, 2 timed
-# steps, 30 training steps, each step's timeout 180 s (a cold compile on two loaded cores
-# takes minutes): it checks the script, not the speed. It writes DIR/gpu-cpu-dry-run.json and DIR/gpu_check-cpu-dry-run.log, never
-# gpu.json.
+# compare's small) and tiny8 (for 1b), one batch each (4 and 2: the other batches repeat
+# the same commands), fp32, 2 timed steps, 30 training steps, the gpu tests collected from
+# their own files only (all skipped on a CPU), each step's timeout 180 s (a cold compile
+# on two loaded cores takes minutes): it checks the script, not the speed. It writes
+# DIR/gpu-cpu-dry-run.json and DIR/gpu_check-cpu-dry-run.log, never gpu.json.
 #
 # Writes DIR/gpu.json (benchmarks/mfu.py collect: date, device, versions, every step's
 # status, rc and seconds, the bench rows, profile, train, compare and tests) and
@@ -159,8 +160,10 @@ if [[ $PLATFORM == gpu ]]; then
     T_INSTALL=90 T_MACHINE=20 T_DEVICES=60 T_IMPORTS=20 T_TESTS=150 T_SCAN=150
     T_PROFILE=90 T_TRAIN=150 T_COMPARE=120 T_UNROLL=240
 else
-    MID=tiny BIG=tiny8 SMALL=tiny  # the dry run checks the script, not speed: cheap models
-    MID_HEAD=4 MID_REST=(2) BIG_HEAD=2 BIG_REST=()
+    # the dry run checks the script, not speed: cheap models, and each kind of step once
+    # (the other batches would run the very same commands again with another --batch)
+    MID=tiny BIG=tiny8 SMALL=tiny
+    MID_HEAD=4 MID_REST=() BIG_HEAD=2 BIG_REST=()
     BENCH_STEPS=(--steps 2 --warmup 1) PROFILE_STEPS=(--steps 2 --warmup 1)
     PRECISION=(--precision fp32)
     TRAIN=(--model tiny --batch-size 8 --steps 30 --warmup 5 --eval-every 10)
@@ -214,7 +217,9 @@ PYTHON
 # to import: then from the files that hold gpu-marked tests). tests/conftest.py runs them
 # only with JAXSCALE_GPU_TESTS=1 and a GPU; on the dry run's CPU they are skipped.
 TEST_PATHS=(tests/)
-if grep -q '^missing:.*\(hypothesis\|datasketch\)' "$WORK/imports.out" 2>/dev/null; then
+if [[ $PLATFORM == cpu ]]; then  # the dry run skips them all: collect only their files
+    mapfile -t TEST_PATHS < <(grep -rl --include='test_*.py' 'mark\.gpu' tests)
+elif grep -q '^missing:.*\(hypothesis\|datasketch\)' "$WORK/imports.out" 2>/dev/null; then
     mapfile -t TEST_PATHS < <(grep -rl --include='test_*.py' 'mark\.gpu' tests)
     say "gpu-tests: hypothesis or datasketch missing; collecting only ${TEST_PATHS[*]}"
 fi
