@@ -1,16 +1,26 @@
-"""Benchmark: cold wall time of the README's test command on a fresh clone.
+"""Benchmark: the user's time, on a fresh clone, in one run.
 
-Clones the repository's HEAD into a temporary folder (so no compilation cache and no
-virtual environment exist yet), runs `.ci/run` there and records the whole wall time
-(virtual environment, install, pytest) and pytest's own reported time. Writes
-benchmarks/results/test_suite.json. The budget is 15 minutes (900 s) on the slower 2-core kind
-of machine.
+Clones the repository's HEAD into a temporary folder (no virtual environment, no
+compilation cache) and measures, one after the other on the otherwise idle machine:
 
-    python benchmarks/suite_time.py
+1. `.ci/run` (the README's test command: virtual environment, install, the whole suite):
+   its wall time, pytest's own time, the tests passed, and the programs compiled:
+   the distinct programs in the suite's persistent compilation cache at the end (one
+   entry per program, the subprocesses' included) and the compiles the pytest workers
+   did themselves (tests/conftest.py counts XLA backend compiles against cache loads);
+2. the quick tier (`-m "not slow"`), cold (its cache emptied first) and then warm;
+3. the main job, `jaxscale compare` with its defaults, cold (a new, empty cache) and warm.
+
+Writes benchmarks/results/test_suite.json; the README's figures come from it. Budgets (2
+cores): suite 900 s, quick tier 180 s cold, main job 60 s cold and 25 s warm.
+
+    python benchmarks/suite_time.py [--skip-suite]
 """
+import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,30 +28,97 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TARGETS_S = {"suite": 900, "quick_cold": 180, "compare_cold": 60, "compare_warm": 25}
+PYTEST_TAIL = re.compile(r"(\d+) passed.* in ([\d.]+)s")
+
+
+def timed(cmd, cwd, env=None) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True,
+                       text=True)
+    return time.perf_counter() - t0, r
+
+
+def pytest_figures(r: subprocess.CompletedProcess, what: str) -> dict:
+    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    m = PYTEST_TAIL.search(tail)
+    if r.returncode != 0 or not m:
+        sys.exit(f"{what} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return {"pytest_s": float(m.group(2)), "tests_passed": int(m.group(1)),
+            "reruns": int(r2.group(1)) if (r2 := re.search(r"(\d+) rerun", tail)) else 0}
+
+
+def programs(clone: Path) -> dict:
+    """Distinct programs in the suite's cache, and what the pytest workers compiled."""
+    cache = clone / ".cache" / "jax-tests"
+    entries = [p for p in cache.glob("*-cache")] if cache.exists() else []
+    workers = [json.loads(p.read_text())
+               for p in (clone / ".cache" / "suite-compiles").glob("*.json")]
+    return {"distinct_programs": len(entries),
+            "distinct_train_steps": sum(p.name.startswith("jit_step-") for p in entries),
+            "worker_compiles": sum(w["compiles"] for w in workers),
+            "worker_cache_loads": sum(w["cache_hits"] for w in workers),
+            "worker_compile_or_load_s": round(sum(w["compile_or_load_s"] for w in workers), 1)}
+
+
+def suite(clone: Path) -> dict:
+    wall, r = timed(["bash", ".ci/run"], clone)
+    return {"ci_wall_s": wall, **pytest_figures(r, ".ci/run"), **programs(clone)}
+
+
+def quick(clone: Path) -> dict:
+    shutil.rmtree(clone / ".cache" / "jax-tests", ignore_errors=True)
+    cmd = [str(clone / ".venv" / "bin" / "python"), "-m", "pytest", "-n", "2", "--dist",
+           "worksteal", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
+    out = {}
+    for kind in ("cold", "warm"):
+        wall, r = timed(cmd, clone)
+        out[f"quick_{kind}_s"] = wall
+        out[f"quick_{kind}_pytest_s"] = pytest_figures(r, f"quick tier ({kind})")["pytest_s"]
+    return out
+
+
+def main_job(clone: Path) -> dict:
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for kind in ("cold", "warm"):
+            wall, r = timed([str(clone / ".venv" / "bin" / "jaxscale"), "compare", "--json",
+                             "--out", str(clone / "runs" / f"compare-{kind}")], clone,
+                            env={"JAXSCALE_CACHE_DIR": cache})
+            if r.returncode != 0:
+                sys.exit(f"jaxscale compare ({kind}) failed:\n{r.stderr[-3000:]}")
+            got = json.loads(r.stdout)
+            out[f"compare_{kind}_s"] = wall
+            out[f"compare_{kind}_split_s"] = got.get("wall_split_s")
+    return out
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip-suite", action="store_true",
+                    help="only the quick tier and the main job (the clone still installs)")
+    args = ap.parse_args()
+    out = ROOT / "benchmarks" / "results" / "test_suite.json"
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "jaxscale"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone,
                                 capture_output=True, text=True).stdout.strip()  # what ran
-        t0 = time.perf_counter()
-        r = subprocess.run(["bash", ".ci/run"], cwd=clone, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
-    m = re.search(r"(\d+) passed.* in ([\d.]+)s", tail)
-    if r.returncode != 0 or not m:
-        sys.exit(f".ci/run failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    result = {"benchmark": "test_suite_cold", "ci_wall_s": wall, "pytest_s": float(m.group(2)),
-              "tests_passed": int(m.group(1)), "target_s": 900, "cpus": os.cpu_count(),
-              "reruns": int(r2.group(1)) if (r2 := re.search(r"(\d+) rerun", tail)) else 0,
-              "commit": commit}
-    out = ROOT / "benchmarks" / "results" / "test_suite.json"
+        result = {"benchmark": "test_suite_cold", "commit": commit, "cpus": os.cpu_count(),
+                  "target_s": TARGETS_S["suite"], "targets_s": TARGETS_S}
+        if args.skip_suite:
+            subprocess.run(["bash", "scripts/dev.sh", "test", "--co", "-q"], cwd=clone,
+                           check=True, capture_output=True)
+        else:
+            result.update(suite(clone))
+            print(f"fresh clone: .ci/run {result['ci_wall_s']:.1f} s, pytest "
+                  f"{result['pytest_s']:.1f} s, {result['tests_passed']} passed, "
+                  f"{result['distinct_programs']} distinct programs", file=sys.stderr)
+        result.update(quick(clone))
+        result.update(main_job(clone))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"fresh clone: .ci/run {wall:.1f} s in all, pytest {result['pytest_s']:.1f} s, "
-          f"{result['tests_passed']} passed (target < {result['target_s']} s)")
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
