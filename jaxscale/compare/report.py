@@ -124,7 +124,8 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     cross = multiprocess(result)
     cols = ["strategy", "mesh", "max dloss", "ok", "states/dev", "pred", "temps", "sent/step",
             "pred", *(["cross-proc/step", "pred"] if cross else []), "compile",
-            "step (quartiles)", "x 1 dev", "step pred", "meas/pred", "idle: schedule/formula"]
+            "step (quartiles)", "x 1 dev", "step pred", "meas/pred", "s: build/HLO/steps",
+            "idle: schedule/formula"]
     rows = []
     for r in result["rows"]:
         if r["status"] != "ok":
@@ -145,8 +146,31 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
                      .strip(), step, "-" if r["step_ratio"] is None else f"{r['step_ratio']:.2f}",
                      "-" if not r.get("step_s_predicted") else f"{r['step_s_predicted'] * 1e3:.2g} ms",
                      "-" if not r.get("step_measured_over_predicted")
-                     else f"{r['step_measured_over_predicted']:.3g}", idle])
+                     else f"{r['step_measured_over_predicted']:.3g}", _row_wall(r), idle])
     return cols, rows
+
+
+def _row_wall(r: dict) -> str:
+    """A row's own wall time: building it (setup, trace and lower, compile) / reading its
+    HLO and memory / its steps (trained and timed), seconds (compare.phases)."""
+    w = r.get("wall")
+    if not w:
+        return "-"
+    build = w.get("setup_s", 0) + w.get("lower_s", 0) + w.get("compile_s", 0)
+    return f"{build:.1f}/{w.get('hlo_s', 0):.1f}/{w.get('train_s', 0) + w.get('timing_s', 0):.1f}"
+
+
+def wall_note(w: dict) -> str:
+    """The run's wall time split (compare.run.wall_split) in one line."""
+    rs = w["rows_s"]
+    return (f"wall {w['total_s']:.1f} s = start {w['startup_s']:.1f} + compile phase "
+            f"{w['compile_phase_s']:.1f} ({w['workers']} worker"
+            f"{'s at once' if w['workers'] > 1 else ''}; summed over rows: set-up "
+            f"{rs['setup_s']:.1f}, trace and lower {rs['lower_s']:.1f}, compile "
+            f"{rs['compile_s']:.1f}, HLO and memory analysis {rs['hlo_s']:.1f}, training steps "
+            f"{rs['train_s']:.1f}) + timing phase {w['timing_phase_s']:.1f} (calibration "
+            f"{rs['calibration_s']:.1f}, timed steps {rs['timing_s']:.1f}, nothing else "
+            f"running) + other {w['other_s']:.1f}")
 
 
 def _bytes(x: float) -> str:
@@ -186,6 +210,8 @@ def notes(result: dict) -> list[str]:
                       f"{tm['rows']} strategies"))
     if multiprocess(result):
         out.append(CROSS_NOTE.format(processes=result.get("processes") or "several"))
+    if result.get("wall"):
+        out.append(wall_note(result["wall"]))
     return out
 
 
@@ -210,8 +236,9 @@ def print_table(result: dict) -> None:
     first = [0, 1, 2, 3, 4, 5, 6, last]
     show(title + " (bytes per device)", [cols[i] for i in first],
          [[row[i] for i in first] for row in rows])
-    halves = ([[0, 7, 8, 9, 10], [0, 11, 12, 13]] if multiprocess(result)
-              else [[0, 7, 8, 9, 10, 11]])  # with cross-proc, time gets its own table
+    wall = last - 1  # s: build/HLO/steps
+    halves = ([[0, 7, 8, 9, 10], [0, 11, 12, 13, wall]] if multiprocess(result)
+              else [[0, 7, 8, 9, 10, 11, wall]])  # with cross-proc, time gets its own table
     titles = (["communication per device per step (measured in the HLO / predicted)", "time"]
               if len(halves) == 2 else
               ["communication per device per step (measured in the HLO / predicted) and time"])

@@ -1,79 +1,85 @@
-"""`jaxscale compare`'s strategies, run in a child process that a crash cannot take the table with.
+"""`jaxscale compare`'s strategies, run in child processes that a crash cannot take the table with.
 
 A user's comparison is precious: a strategy that brings its process down (an XLA abort, a
 segfault, the out-of-memory killer) must not lose the strategies already measured. So the
-command is two processes:
+command is a supervisor and its workers:
 
-  supervisor (`run_all`, in the command's process)  -- spawns the worker, reads one JSON
-      line per event from it, hands every finished row to `on_row` at once (the command
-      writes compare.json there), and when the worker dies marks the strategy it was
+  supervisor (`run_all`, in the command's process, no JAX)  -- spawns the workers, reads one
+      JSON line per event from each, hands every finished row to `on_row` at once (the
+      command writes compare.json there), and when a worker dies marks the strategy it was
       running as failed, with the exit signal and the runtime's last words, then starts a
       new worker for the strategies left;
-  worker (`python -m jaxscale.compare.worker`, compare/worker.py) -- forces the devices,
-      builds the shared parameters and batches, and runs the strategies in order
-      (compare.run_strategy), printing a row as each one finishes. A Python exception in
-      one strategy becomes a failed row; the worker goes on with the next.
+  workers (`python -m jaxscale.compare.worker`, compare/worker.py) -- force the devices,
+      build the shared parameters and batches, and build and time strategies
+      (compare.phases). A Python exception in one strategy becomes a failed row; the worker
+      goes on with the next.
 
-Cost: one extra process start (about 2-3 s: Python, JAX, the corpus) per worker; one worker
-unless a strategy crashes.
+Compiling is most of the work (seconds a strategy, mostly on one core); timing a step needs
+the machine quiet. With spec["workers"] = k > 1 (the command sets it to the host's cores on
+forced CPU devices, `worker_count`) the rows run in two phases over a pool of k workers
+(compare/pool.py): every worker compiles, reads and trains rows at once, then each row is
+timed in the worker that holds it while the others wait. With one worker (one core, an
+accelerator, a cluster job) it runs the strategies in order on its own.
 
 Under several processes (`jaxscale launch`, or a cluster) every process runs this pair, and
 the workers together form the jax.distributed job (spec["cluster"]); only process 0's
 supervisor reports. A worker that dies there takes the job with it (its peers abort), so
 there is no second worker: the strategy it ran is marked failed and the rest not run.
+
+`wall_split` says where the run's wall time went: starting the workers, the compile phase
+(every row's build windows, compare.phases), the timing phase (each row's timed steps and
+the calibration, alone), and the rest.
 """
 from __future__ import annotations
 
-import collections
 import json
-import subprocess
-import sys
-import threading
+import os
 import time
 
+from jaxscale.compare import pool
+from jaxscale.compare.child import WORKER, Child, WorkerError, mesh_label
 from jaxscale.runtime.launcher import exit_text
 
-WORKER = (sys.executable, "-m", "jaxscale.compare.worker")
+MAX_WORKERS = 4  # each holds the forced devices, the model and its rows: memory, not cores
 
 
-def mesh_label(plan: dict) -> str:
-    """A strategy's layout in a few words, e.g. 'dp=2 tp=4 ZeRO-1 1f1b m=4'."""
-    parts = [f"{a}={plan.get(a, 1)}" for a in ("dp", "cp", "tp", "pp")
-             if plan.get(a, 1) > 1] or ["1 device"]
-    if plan.get("sequence_parallel"):
-        parts.append("sp")
-    if plan["zero_stage"]:
-        parts.append(f"ZeRO-{plan['zero_stage']}")
-    if plan["pp"] > 1:
-        parts.append(f"{plan['schedule']}" + (f" v={plan['virtual']}" if plan["virtual"] > 1
-                                              else ""))
-    if plan["micro_batches"] > 1:
-        parts.append(f"m={plan['micro_batches']}")
-    parts += [plan[k] for k in ("remat", "precision") if plan[k] not in ("none", "fp32")]
-    return " ".join(parts)
+def worker_count(n_strategies: int, on_cpu: bool, cluster: bool) -> int:
+    """Workers for a run: the host's cores (at most MAX_WORKERS and one a strategy) on
+    forced CPU devices in one process; one on an accelerator (each worker would claim the
+    device's memory) and in a cluster job (its processes are the job)."""
+    if not on_cpu or cluster:
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS, n_strategies))
 
 
-class WorkerError(RuntimeError):
-    """The worker could not start (no such devices, ...); its message is for the user."""
-
-
-def run_all(spec: dict, on_row, log=print, worker=None, voice: dict | None = None) -> list[dict]:
+def run_all(spec: dict, on_row, log=print, worker=None, voice: dict | None = None,
+            wall: dict | None = None) -> list[dict]:
     """Run spec["strategies"] ([{name, plan}]) in `worker` processes; rows in order.
 
     `on_row(rows)` is called with all rows so far each time one finishes or fails, and
     `log` with progress, both only in process 0 of a multi-process job; `voice["main"]`
-    says whether this is process 0."""
-    pending = list(spec["strategies"])
-    rows: list[dict] = []
+    says whether this is process 0. `wall`, if given, receives `wall_split`'s figures."""
     voice = {"main": True} if voice is None else voice
     voice.setdefault("main", True)
     report = lambda r: voice["main"] and on_row(r)  # noqa: E731
     say = lambda m: voice["main"] and log(m)  # noqa: E731
-    t_start = time.perf_counter()
-    total = len(pending)
+    start, seen = time.time(), {"workers": spec.get("workers", 1)}
+    if spec.get("workers", 1) > 1 and not spec.get("cluster"):
+        rows = pool.run_pool(spec, report, say, worker or WORKER, seen)
+    else:
+        rows = _in_order(spec, report, say, worker or WORKER, voice, seen)
+    if wall is not None:
+        wall.update(wall_split(start, time.time(), rows, seen))
+    return rows
+
+
+def _in_order(spec, report, say, worker, voice, seen) -> list[dict]:
+    """One worker at a time, each running the strategies left in order."""
+    pending, rows = list(spec["strategies"]), []
+    t_start, total = time.perf_counter(), len(pending)
     while pending:
-        done = _one_worker(worker or WORKER, {**spec, "strategies": pending}, rows, report, say,
-                           t_start, total, voice)
+        done = _one_worker(worker, {**spec, "strategies": pending}, rows, report, say,
+                           t_start, total, voice, seen)
         pending = pending[done:]
         if pending and spec.get("cluster"):  # the job lost a process: nobody to run them
             for s in pending:
@@ -85,18 +91,12 @@ def run_all(spec: dict, on_row, log=print, worker=None, voice: dict | None = Non
     return rows
 
 
-def _one_worker(worker, spec, rows, on_row, log, t_start, total, voice) -> int:
+def _one_worker(worker, spec, rows, on_row, log, t_start, total, voice, seen) -> int:
     """Run strategies until they are done or the worker dies; returns how many it settled."""
-    proc = subprocess.Popen(list(worker), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    tail: collections.deque[str] = collections.deque(maxlen=60)
-    reader = threading.Thread(target=_forward, args=(proc.stderr, tail), daemon=True)
-    reader.start()
-    proc.stdin.write(json.dumps(spec) + "\n")
-    proc.stdin.close()
+    child = Child(worker, spec)
     settled, running = 0, None
     try:
-        for line in proc.stdout:
+        for line in child.proc.stdout:
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
@@ -105,6 +105,8 @@ def _one_worker(worker, spec, rows, on_row, log, t_start, total, voice) -> int:
                 raise WorkerError(event["message"])
             if event["event"] == "joined":  # one of several processes: only 0 reports
                 voice["main"] = event["process"] == 0
+            if event["event"] == "calibration":
+                seen.setdefault("calibration_windows", []).append(event["window"])
             if event["event"] == "start":
                 running = event["name"]
                 i = len(rows) + 1
@@ -117,20 +119,15 @@ def _one_worker(worker, spec, rows, on_row, log, t_start, total, voice) -> int:
                 rows.append(event["row"])
                 settled, running = settled + 1, None
                 on_row(rows)
-        rc = proc.wait()
+        rc = child.finish()
     except BaseException:
-        proc.kill()
-        proc.wait()
+        child.kill()
         raise
-    reader.join(timeout=5)
     if running is None and settled < len(spec["strategies"]):
         raise WorkerError(f"the compare worker exited ({exit_text(rc)}) before it started "
-                          f"a strategy: {_last_words(tail)}")
+                          f"a strategy: {child.last_words()}")
     if running is not None:  # the worker died inside this strategy
-        plan = spec["strategies"][settled]["plan"]
-        rows.append({"name": running, "status": "failed", "plan": plan,
-                     "mesh": mesh_label(plan),
-                     "error": f"its process died ({exit_text(rc)}): {_last_words(tail)}"})
+        rows.append(child.died_in(running, spec["strategies"][settled]["plan"], rc))
         log(f"  {running} FAILED: its process died ({exit_text(rc)})"
             + ("" if spec.get("cluster") else "; going on with the rest in a new process"))
         settled += 1
@@ -138,17 +135,33 @@ def _one_worker(worker, spec, rows, on_row, log, t_start, total, voice) -> int:
     return settled
 
 
-def _forward(stream, tail) -> None:
-    """Copy the worker's stderr to ours (progress, warnings) and keep its last lines."""
-    for line in stream:
-        tail.append(line.rstrip())
-        sys.stderr.write(line)
+def wall_split(start: float, end: float, rows: list[dict], seen: dict) -> dict:
+    """Where the run's wall time went, from the windows the rows and the calibration
+    recorded (time.time() seconds): startup (until the first row's work began), the compile
+    phase (the union of the rows' prepare and train windows, over all workers), the timing
+    phase (the union of their time windows and the calibration's), other (the rest: the
+    workers' exits, the supervisor); and each part of the rows' work summed over rows
+    (process-seconds: with several workers these add up to more than the phase)."""
+    windows = [(r.get("wall") or {}).get("windows", {}) for r in rows]
+    build = [w[k] for w in windows for k in ("prepare", "train") if k in w]
+    timed = [w["time"] for w in windows if "time" in w] + seen.get("calibration_windows", [])
+    first = min((a for a, _ in build + timed), default=end)
+    out = {"total_s": end - start, "workers": seen.get("workers", 1),
+           "startup_s": max(0.0, first - start), "compile_phase_s": _union(build),
+           "timing_phase_s": _union(timed)}
+    out["other_s"] = out["total_s"] - out["startup_s"] - out["compile_phase_s"] \
+        - out["timing_phase_s"]
+    parts = ("setup_s", "lower_s", "compile_s", "hlo_s", "train_s", "timing_s")
+    out["rows_s"] = {k: sum((r.get("wall") or {}).get(k, 0.0) for r in rows) for k in parts}
+    out["rows_s"]["calibration_s"] = sum(b - a for a, b in seen.get("calibration_windows", []))
+    return out
 
 
-def _last_words(tail) -> str:
-    """The runtime's most telling line: an XLA check or rendezvous timeout, else the last."""
-    for key in ("Termination timeout", "Check failed", "Fatal Python error", "Error"):
-        for line in tail:
-            if key in line:
-                return line.strip()[-300:]
-    return next((ln.strip()[-300:] for ln in reversed(tail) if ln.strip()), "no output")
+def _union(intervals: list[list[float]]) -> float:
+    """Seconds covered by at least one of the [start, end] intervals."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total

@@ -20,15 +20,9 @@ replaces the bound.
 """
 from __future__ import annotations
 
-import jax
-
-from jaxscale.measure import hlo as measure, memory, timing
+from jaxscale.compare import phases
 from jaxscale.parallel.hybrid import check_divisible
-from jaxscale.parallel.pipeline import tick_table
 from jaxscale.parallel.plan import Plan, PlanError
-from jaxscale.parallel.build import build_train_step
-from jaxscale.parallel.schedules import bubble_over_total
-from jaxscale.runtime import mesh as meshlib, processes as distributed, profiling
 from jaxscale.model import config as model_config
 
 STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "tp", "pp", "dp+tp", "dp+pp", "3d",
@@ -122,49 +116,15 @@ def run_strategy(name: str, plan: Plan, cfg, params, batches, optimizer, devices
     left out (step_s is None). Under several processes every process whose devices the
     plan uses runs this; memory is read on this process's first device of the plan.
     `keep_params`: the final whole parameters, as host arrays by name, in "_final_params".
-    `profile`: a folder for a jax.profiler trace of the training steps (compiled before)."""
-    init, step = build_train_step(cfg, plan, optimizer, devices[:plan.n_devices])
-    state = init(params)
-    place = lambda i: batches.place(i, step.batch_sharding)  # noqa: E731 - this process's rows
-    placed = place(0)
-    lowered = step.jitted.lower(state, placed)
-    compiled, compile_s, source = timing.compile_timed(lowered)
-    table = (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
-             if plan.pp > 1 else None)
-    hlo, share = lowered.as_text(dialect="hlo"), table.branch_share() if table else None
-    sent = measure.ring_bytes_by_op(hlo, share)
-    mem = memory.memory(compiled)
-    losses = []
-    prof = profiling.Profiler(profile)
-    with prof.trace():
-        for i in range(len(batches)):  # float() waits for each step: never runs ahead
-            with prof.step(i):
-                state, metrics = compiled(state, place(i))
-                losses.append(float(metrics["loss"]))
-    timed = (timing.step_seconds(lambda: compiled(state, placed), repeats=repeats)
-             if time_steps else {})  # the whole output, not only the loss
-    here = next(d for d in devices[:plan.n_devices] if d.process_index == jax.process_index())
-    on0 = lambda tree: memory.bytes_on_device(tree, here)  # noqa: E731
-    out = {"name": name, "status": "ok", "plan": plan.as_dict(), "n_devices": plan.n_devices,
-           "platform": here.platform, "device_kind": here.device_kind,
-           "losses": losses, "compile_s": compile_s, "compile_source": source,
-           "step_s": timed.get("median_s"), "step_s_q1": timed.get("q1_s"),
-           "step_s_q3": timed.get("q3_s"), "step_repeats": timed.get("repeats"),
-           "memory": {"params": on0(state.params), "master": on0(state.master),
-                      "optimizer": on0(state.opt_state), **mem},
-           "sent": sent,
-           "collectives_per_step": sum(c.times for c in measure.collectives(hlo, share)
-                                       if measure.group_size(c, plan.n_devices) > 1)}
-    if jax.process_count() > 1 and step.mesh is not None:  # which bytes leave the process
-        out["sent_cross_process"] = measure.ring_bytes_by_op(
-            hlo, share, device_process=meshlib.device_process(step.mesh))
-    if keep_params:
-        out["_final_params"] = distributed.named_host_arrays(step.full_params(state))
-    if table is not None:  # the idle share of the schedule the executor runs (unit ticks)
-        out["idle_schedule"] = table.branch_share()[0]
-        out["idle_formula"] = float(bubble_over_total(plan.schedule, plan.pp, plan.micro_batches,
-                                                    plan.virtual))
-    return out
+    `profile`: a folder for a jax.profiler trace of the training steps (compiled before).
+
+    The three phases one after another (compare.phases); compare's worker pool runs them
+    apart, so that no step is timed while another process compiles."""
+    p = phases.prepare(name, plan, cfg, params, batches, optimizer, devices)
+    phases.train(p, len(batches), keep_params, profile)
+    if time_steps:
+        phases.time_step(p, repeats)
+    return p.row
 
 
 def judge(rows: list[dict], tolerance: float | None = None) -> dict:

@@ -1,9 +1,17 @@
 """`jaxscale compare`'s worker (`python -m jaxscale.compare.worker`): the child process that
 `compare.run` drives. It forces the devices, builds the shared parameters and batches, and
-runs the strategies in order (strategies.run_strategy), printing one JSON event per line
-(a row as each strategy finishes). A Python exception in one strategy becomes a failed row;
-the worker goes on with the next.
+then works in one of two ways, printing one JSON event per line:
 
+  on its own (the spec's strategies in order): calibrates the time model, then builds
+      and times each strategy in turn (compare.phases: prepare, train, time), a row as each
+      one finishes. One worker alone on the machine, or one process of a cluster job.
+  on command (spec["commands"], one of compare.pool's workers): says "ready", then reads
+      one command a line -- build a row (compile it, read its HLO, train it: "built"),
+      time a row it built ("row"), calibrate ("calibration") -- and answers each. The
+      pool builds on every worker at once and times one row at a time while the others
+      wait, so no step is timed while another process compiles.
+
+A Python exception in one strategy becomes a failed row; the worker goes on with the next.
 Nothing here touches a device at import: the devices are forced (`devices.pick_devices`,
 or `processes.start` in a cluster) when `worker()` runs, before anything asks JAX for one.
 """
@@ -12,15 +20,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
 from jaxscale import garden
+from jaxscale.compare import phases
 from jaxscale.compare.predict import predict, predictable
 from jaxscale.compare.run import mesh_label
-from jaxscale.compare.strategies import CompareError, run_strategy
+from jaxscale.compare.strategies import CompareError
 from jaxscale.compare.time_model import calibrate
 from jaxscale.data.sampler import StepBatches
 from jaxscale.model import config as model_config, optim
@@ -66,44 +76,94 @@ def worker() -> int:
     except (CompareError, ValueError) as e:
         emit(event="error", message=str(e))
         return 2
-    me = jax.process_index()
     if jax.process_count() > 1:
-        emit(event="joined", process=me, processes=jax.process_count())
+        emit(event="joined", process=jax.process_index(), processes=jax.process_count())
     enable_compilation_cache()
-    cfg = model_config.preset(spec["model"])
-    _, params, _ = init_run(TrainConfig(model=spec["model"]))
-    corpus = garden.make_corpus(0, seq_len=cfg.seq_len)
-    batches = StepBatches(corpus.train, spec["batch_size"], cfg.seq_len, seed=1,
-                          steps=spec["steps"])  # each process builds only its rows
-    calibration = None
-    if spec.get("time_model", True) and jax.process_count() == 1:
-        calibration = calibrate(devices[:spec["devices"]])  # the rate and the links it runs on
-    for s in spec["strategies"]:
-        plan = Plan(**s["plan"])
+    rows = Rows(spec, devices)
+    if spec.get("commands"):  # one of the pool's workers: it says what to do, and when
+        emit(event="ready")
+        for line in sys.stdin:
+            command = json.loads(line)
+            emit(**rows.do(command["do"], command.get("name")))
+        return 0
+    calibration = rows.do("calibrate")  # alone: the rows come after it
+    emit(**calibration)
+    for s in spec["strategies"]:  # build and time each row in turn
         emit(event="start", name=s["name"], mesh=mesh_label(s["plan"]))
-        if not any(d.process_index == me for d in devices[:plan.n_devices]):
-            emit(event="row", row={"name": s["name"], "status": "elsewhere", "plan": s["plan"],
-                                   "mesh": mesh_label(s["plan"]), "process": me})
-            continue  # a plan on other processes' devices only (the single device: process 0)
-        try:
-            where = spec.get("profile")
-            row = run_strategy(s["name"], plan, cfg, params, batches, optim.adamw(LEARNING_RATE),
-                               devices, repeats=spec["repeats"],
-                               keep_params=bool(spec.get("save_params")),
-                               profile=None if where is None or me else
-                               os.path.join(where, s["name"].replace("/", "_")))
-            row["predicted"] = (predict(cfg, plan, (spec["batch_size"], cfg.seq_len))
-                                if predictable(plan) else None)
-            row["calibration"] = calibration
-            if spec.get("save_params"):
-                row["params_file"] = _save_params(row, spec["save_params"], me)
-        except Exception as e:  # noqa: BLE001 - one strategy's error must not end the others
-            row = {"name": s["name"], "status": "failed", "plan": s["plan"],
-                   "error": f"{type(e).__name__}: {e}"[:2000]}
-        row["mesh"] = mesh_label(s["plan"])
-        row["process"] = me
-        emit(event="row", row=row)
+        event = rows.do("build", s["name"])
+        if event["event"] == "built":
+            event = rows.do("time", s["name"])
+        if event["row"]["status"] == "ok":
+            event["row"]["calibration"] = calibration["calibration"]
+        emit(**event)
     return 0
+
+
+class Rows:
+    """This worker's rows, each built (compiled, read, trained: compare.phases) and then
+    timed; `do` answers one command with the event that reports it."""
+
+    def __init__(self, spec: dict, devices):
+        self.spec, self.devices, self.me = spec, devices, jax.process_index()
+        self.plans = {s["name"]: s["plan"] for s in spec["strategies"]}
+        self.cfg = model_config.preset(spec["model"])
+        _, self.params, _ = init_run(TrainConfig(model=spec["model"]))
+        corpus = garden.make_corpus(0, seq_len=self.cfg.seq_len)
+        self.batches = StepBatches(corpus.train, spec["batch_size"], self.cfg.seq_len, seed=1,
+                                   steps=spec["steps"])  # each process builds only its rows
+        # a profile pictures the steps' time: the pool trains them in the timing phase
+        self.train_late = bool(spec.get("commands") and spec.get("profile"))
+        self.held: dict[str, phases.Prepared] = {}
+
+    def do(self, what: str, name: str | None = None) -> dict:
+        """"calibrate", or "build" / "time" the row `name`: the event to emit ("built"
+        while the row waits for its timing; "row" once it is finished, or failed)."""
+        if what == "calibrate":
+            start = time.time()
+            n = self.spec["devices"]
+            cal = (calibrate(self.devices[:n]) if self.spec.get("time_model", True)
+                   and jax.process_count() == 1 else None)  # the rate and the links it runs on
+            return {"event": "calibration", "calibration": cal, "window": [start, time.time()]}
+        plan = Plan(**self.plans[name])
+        if what == "build" and not any(d.process_index == self.me
+                                       for d in self.devices[:plan.n_devices]):
+            return self._row({"name": name, "status": "elsewhere", "plan": self.plans[name]})
+        try:
+            if what == "build":
+                return self._build(name, plan)
+            p = self.held.pop(name)
+            if self.train_late:
+                self._train(name, p)
+            phases.time_step(p, self.spec["repeats"])
+            return self._row(p.row)
+        except Exception as e:  # noqa: BLE001 - one strategy's error must not end the others
+            self.held.pop(name, None)
+            return self._row({"name": name, "status": "failed", "plan": self.plans[name],
+                              "error": f"{type(e).__name__}: {e}"[:2000]})
+
+    def _build(self, name: str, plan: Plan) -> dict:
+        p = phases.prepare(name, plan, self.cfg, self.params, self.batches,
+                           optim.adamw(LEARNING_RATE), self.devices)
+        p.row["predicted"] = (predict(self.cfg, plan, (self.spec["batch_size"],
+                                                       self.cfg.seq_len))
+                              if predictable(plan) else None)
+        if not self.train_late:
+            self._train(name, p)
+        self.held[name] = p
+        return {"event": "built", "name": name, "wall": p.row["wall"]}
+
+    def _train(self, name: str, p: phases.Prepared) -> None:
+        where, save = self.spec.get("profile"), self.spec.get("save_params")
+        phases.train(p, len(self.batches), keep_params=bool(save),
+                     profile=None if where is None or self.me else
+                     os.path.join(where, name.replace("/", "_")))
+        if save:
+            p.row["params_file"] = _save_params(p.row, save, self.me)
+
+    def _row(self, row: dict) -> dict:
+        row["mesh"] = mesh_label(row["plan"])
+        row["process"] = self.me
+        return {"event": "row", "row": row}
 
 
 def _save_params(row, folder, me):

@@ -54,6 +54,32 @@ def test_compare_on_four_devices_end_to_end(tmp_path):
     for name in ("compare.json", "compare.md", "memory.png", "bytes.png", "losses.png"):
         assert (tmp_path / name).stat().st_size > 100
     assert "| zero3 | dp=4 ZeRO-3 |" in (tmp_path / "compare.md").read_text()
+    _assert_wall_split(res)
+
+
+def _assert_wall_split(res):
+    """The run's wall time splits into parts that add up, each row's phases into the parts
+    it recorded, and no row was timed while another process built or timed a row."""
+    from jaxscale.compare.run import worker_count
+    wall = res["wall"]
+    assert wall["workers"] == worker_count(len(res["rows"]), on_cpu=True, cluster=False)
+    parts = wall["startup_s"] + wall["compile_phase_s"] + wall["timing_phase_s"]
+    assert wall["other_s"] == pytest.approx(wall["total_s"] - parts)
+    assert 0 <= wall["other_s"] < 0.25 * wall["total_s"]
+    phases = {"prepare": ("setup_s", "lower_s", "compile_s", "hlo_s"), "train": ("train_s",),
+              "time": ("timing_s",)}
+    for row in res["rows"]:
+        w = row["wall"]
+        for phase, keys in phases.items():
+            a, b = w["windows"][phase]
+            assert sum(w[k] for k in keys) == pytest.approx(b - a, abs=0.05), (row["name"], phase)
+        assert w["compile_s"] == pytest.approx(row["compile_s"], abs=0.05)
+        a, b = w["windows"]["time"]
+        for other in res["rows"]:
+            for c, d in (other["wall"]["windows"].values() if other is not row else ()):
+                assert b <= c or d <= a, (row["name"], "timed while", other["name"], "ran")
+    assert wall["rows_s"]["timing_s"] == pytest.approx(sum(r["wall"]["timing_s"]
+                                                           for r in res["rows"]))
 
 
 @pytest.mark.slow

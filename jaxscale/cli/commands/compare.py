@@ -47,7 +47,9 @@ def register(subparsers) -> None:
             "ZeRO-1); fsdp+tp (ZeRO-3 over dp on tp=2 shards); tp+sp (sequence parallel); cp "
             "(ring attention over the largest cp the sequence allows); dp+cp+tp (cp=2, tp=2, "
             "sequence parallel). Each runs in a worker process: a strategy that crashes is marked failed "
-            "and the others are kept. Exit code 1 if a strategy fails or misses the bound."))
+            "and the others are kept. On CPU devices as many workers as cores compile the "
+            "strategies at once, then each is timed alone; the notes split the wall time. "
+            "Exit code 1 if a strategy fails or misses the bound."))
     p.add_argument("--devices", type=_number(), default=8, metavar="N",
                    help="devices to use (CPU: forced host devices; several processes: in "
                         "all, split evenly over them; default 8)")
@@ -136,7 +138,7 @@ def run(args) -> int:
                                "options (or run it without `jaxscale launch`)")
         return _run_abstract(args, cfg, plans, out)
     from jaxscale.compare import report
-    from jaxscale.compare.run import WorkerError, run_all
+    from jaxscale.compare.run import WorkerError, run_all, worker_count
     from jaxscale.compare.strategies import judge
     result = {"model": args.model, "devices": args.devices, "steps": args.steps,
               "batch_size": args.batch_size, "cores": os.cpu_count(),
@@ -154,13 +156,16 @@ def run(args) -> int:
             "strategies": [{"name": k, "plan": p.as_dict()} for k, p in plans.items()],
             "cluster": None if cluster is None else asdict(cluster),
             "save_params": None if args.save_params is None else str(args.save_params),
-            "profile": None if args.profile is None else os.path.abspath(args.profile)}
+            "profile": None if args.profile is None else os.path.abspath(args.profile),
+            # compile on every core, then time each strategy alone (compare/pool.py)
+            "workers": worker_count(len(plans), on_cpu, cluster is not None)}
     if cluster is not None:
         result["processes"] = cluster.num_processes
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     voice = {"main": cluster is None or cluster.process_id in (None, 0)}
+    wall: dict = {}  # where the run's wall time went: compile phase, timing phase, ...
     try:
-        rows = run_all(spec, save, log, voice=voice)
+        rows = run_all(spec, save, log, voice=voice, wall=wall)
     except WorkerError as e:
         raise CompareError(str(e)) from None
     except KeyboardInterrupt:
@@ -173,6 +178,7 @@ def run(args) -> int:
     if not voice["main"]:  # process 0 reports for the job
         return 1 if any(r["status"] == "failed" for r in rows) else 0
     result["complete"] = True
+    result["wall"] = wall
     report.finish(result)
     save(result["rows"])
     (out / "compare.md").write_text(report.markdown(result))
