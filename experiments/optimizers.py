@@ -23,8 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
 from experiments._runner import log, run_experiment
+from experiments._together import train_together
 from jaxscale import garden
 from jaxscale.model import optim
 from jaxscale.training import sweep
@@ -39,37 +41,47 @@ TOY_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
 STEPS, BATCH = 128, 16
 LM_GRIDS = {  # four learning rates per optimizer, a factor sqrt(10) apart: a 31.6x span
     "sgd": 0.1, "momentum": 0.01, "adagrad": 0.01, "rmsprop": 1e-3, "adam": 1e-3}
+BC_PICKS = {"small": 0, "normal": 2, "large": 3}  # d: indices into c's Adam grid
+DECAY_LR, DECAY_LAMBDA = 1e-2, 0.01  # f: AdamW and Adam + L2
 
 
 def lr_grid(low: float) -> list[float]:
     return [float(low * 10 ** (k / 2)) for k in range(4)]
 
 
+# every garden-LM run that parts c-f read: (optimizer, hyperparameters, learning rates)
+LM_RUNS = {
+    **{name: (name, {}, lr_grid(low)) for name, low in LM_GRIDS.items()},  # c, d, e
+    "adam, no bias correction": ("adam", {"bias_correction": False},  # d
+                                 [lr_grid(LM_GRIDS["adam"])[i] for i in BC_PICKS.values()]),
+    "adamw": ("adamw", {"weight_decay": DECAY_LAMBDA}, [DECAY_LR]),  # f
+    "adam_l2": ("adam_l2", {"l2": DECAY_LAMBDA}, [DECAY_LR]),  # f
+}
+
+
 class Lab:
-    """The shared set-up: model, corpus, batches; memoised learning-rate sweeps."""
+    """The shared set-up: model, corpus, batches; the garden-LM runs, trained once."""
 
     def __init__(self, seed: int = 0):
         self.graphdef, self.params0, _ = init_run(TrainConfig(seed=seed))
         self.corpus = garden.make_corpus(seed)
         self.batches = sweep.stack_batches(self.corpus, STEPS, BATCH, seed=seed)
         self.val = sweep.stack_val(self.corpus)
-        self._sweeps: dict = {}
 
     @cached_property
     def floor(self) -> float:
         return self.corpus.entropy_floor
 
-    def sweep(self, name: str, lrs, record=None, **hyper) -> dict:
-        """Train `name` at each learning rate (one compile, runs side by side)."""
-        key = (name, tuple(lrs), tuple(sorted(hyper.items())), record is not None)
-        if key not in self._sweeps:
-            t0 = time.perf_counter()
-            self._sweeps[key] = sweep.run_grid(
-                self.graphdef, lambda lr: optim.make(name, lr, **hyper), list(lrs),
-                self.params0, self.batches, self.val, record)
-            log(f"    {name} {hyper or ''} at {len(lrs)} learning rates x {STEPS} steps: "
-                f"{time.perf_counter() - t0:.1f} s")
-        return self._sweeps[key]
+    @cached_property
+    def runs(self) -> dict:
+        """All of LM_RUNS, trained side by side in one compiled program the first time a
+        part asks (see _together): {key: losses, val_loss, params, opt_state per lr}."""
+        t0 = time.perf_counter()
+        runs = train_together(self.graphdef, LM_RUNS, self.params0, self.batches, self.val)
+        log(f"    {sum(len(r[2]) for r in LM_RUNS.values())} garden-LM runs "
+            f"({len(LM_RUNS)} optimizer settings) x {STEPS} steps: "
+            f"{time.perf_counter() - t0:.1f} s")
+        return runs
 
 
 def finite(x) -> float | None:
@@ -90,28 +102,38 @@ TOY_LRS = np.geomspace(1e-3, 1.0, 13)
 TOY_STEPS, TOY_TOL = 1000, 1e-3
 
 
-def toy_trajectories(name: str, f, start) -> np.ndarray:
-    """Positions [n_lrs, TOY_STEPS + 1, 2] of `name` on f at every learning rate in TOY_LRS."""
-    def run(lr):
-        opt = optim.make(name, lr)
-        w0 = jnp.asarray(start, jnp.float32)
+def toy_run(name: str, f, start, lr) -> jax.Array:
+    """Positions [TOY_STEPS + 1, 2] of optimizer `name` on f from `start` at learning rate lr."""
+    opt = optim.make(name, lr)
+    w0 = jnp.asarray(start, jnp.float32)
 
-        def step(carry, _):
-            w, s = carry
-            u, s = opt.update(jax.grad(f)(w), s, w)
-            w = optax.apply_updates(w, u)
-            return (w, s), w
-        _, ws = jax.lax.scan(step, (w0, opt.init(w0)), None, length=TOY_STEPS)
-        return jnp.concatenate([w0[None], ws])
-    return np.asarray(jax.jit(jax.vmap(run))(jnp.asarray(TOY_LRS, jnp.float32)))
+    def step(carry, _):
+        w, s = carry
+        u, s = opt.update(jax.grad(f)(w), s, w)
+        w = optax.apply_updates(w, u)
+        return (w, s), w
+    _, ws = jax.lax.scan(step, (w0, opt.init(w0)), None, length=TOY_STEPS)
+    return jnp.concatenate([w0[None], ws])
+
+
+@jax.jit
+def toy_trajectories(lrs) -> dict:
+    """{(problem, optimizer): (positions [n_lrs, TOY_STEPS + 1, 2], f - f* there)} for
+    every problem and optimizer at every learning rate: one compiled program for all."""
+    out = {}
+    for prob, (f, start, fmin) in PROBLEMS.items():
+        for name in TOY_OPTIMIZERS:
+            paths = jax.vmap(lambda lr: toy_run(name, f, start, lr))(lrs)
+            out[(prob, name)] = paths, jax.vmap(jax.vmap(f))(paths) - fmin
+    return out
 
 
 def part_a(lab: Lab, out: Path) -> dict:
     rows, best_paths = [], {}
+    runs = jax.tree.map(np.asarray, toy_trajectories(jnp.asarray(TOY_LRS, jnp.float32)))
     for prob, (f, start, fmin) in PROBLEMS.items():
         for name in TOY_OPTIMIZERS:
-            paths = toy_trajectories(name, f, start)
-            gaps = np.asarray(jax.vmap(jax.vmap(f))(paths)) - fmin  # [lrs, steps + 1]
+            paths, gaps = runs[(prob, name)]  # gaps: [lrs, steps + 1]
             # converged at step t: within TOY_TOL from t to the end (a lucky pass doesn't count)
             outside = ~(np.isfinite(gaps) & (gaps < TOY_TOL))
             last_out = np.where(outside.any(1), TOY_STEPS - np.argmax(outside[:, ::-1], 1), 0)
@@ -197,25 +219,30 @@ def part_b(lab: Lab, out: Path) -> dict:
         "adamw": (optim.adamw(1e-2, weight_decay=0.1), optax.adamw(1e-2, weight_decay=0.1)),
         "naive adam (textbook order)": (naive_adam(1e-2), optax.adam(1e-2)),
     }
-    grad = jax.jit(jax.grad(lambda p, b: loss_fn(lab.graphdef, p, b)))
-    batches = [jax.tree.map(lambda x: x[i], lab.batches) for i in range(VERIFY_STEPS)]
-    rows = []
-    for name, (mine, ref) in pairs.items():
-        @jax.jit  # both optimizers' updates in one small compiled call; grad is shared
-        def update(g_mine, s_mine, p_mine, g_ref, s_ref, p_ref, mine=mine, ref=ref):
-            u, s_mine = mine.update(g_mine, s_mine, p_mine)
-            v, s_ref = ref.update(g_ref, s_ref, p_ref)
-            return optax.apply_updates(p_mine, u), s_mine, optax.apply_updates(p_ref, v), s_ref
+    # Each run's parameters as one flat vector: every optimizer here is elementwise, so
+    # each number goes through the same operations as in the tree, and the 16 optimizers
+    # compile as one small program instead of one per parameter tensor. (Ours and optax's
+    # run in that same program, so a 0.0 still means bit-identical; the naive Adam's drift
+    # differs from a tree run's in its last bits, as any recompiled program's may.)
+    flat0, unravel = ravel_pytree(lab.params0)
+    grad = jax.jit(jax.grad(lambda v, b: loss_fn(lab.graphdef, unravel(v), b)))
+    opts = [opt for pair in pairs.values() for opt in pair]  # ours, optax, ours, optax, ...
 
-        p_mine = p_ref = lab.params0
-        s_mine, s_ref = mine.init(p_mine), ref.init(p_ref)
-        diffs = []
-        for b in batches:
-            p_mine, s_mine, p_ref, s_ref = update(grad(p_mine, b), s_mine, p_mine,
-                                                  grad(p_ref, b), s_ref, p_ref)
-            diffs.append(max(float(jnp.max(jnp.abs(a - b))) for a, b in
-                             zip(jax.tree.leaves(p_mine), jax.tree.leaves(p_ref))))
-        rows.append({"optimizer": name, "max_abs_diff_after": {t: diffs[t - 1] for t in (1, 4, 16)}})
+    @jax.jit
+    def update(grads, states, params):
+        new = [opt.update(g, s, p) for opt, g, s, p in zip(opts, grads, states, params)]
+        params = [optax.apply_updates(p, u) for p, (u, _) in zip(params, new)]
+        gaps = [jnp.max(jnp.abs(params[i] - params[i + 1])) for i in range(0, len(opts), 2)]
+        return params, [s for _, s in new], jnp.stack(gaps)
+
+    params, states, diffs = [flat0] * len(opts), [opt.init(flat0) for opt in opts], []
+    for t in range(VERIFY_STEPS):  # a gradient for each run: equal parameters, equal bits
+        batch = jax.tree.map(lambda x: x[t], lab.batches)
+        params, states, gaps = update([grad(p, batch) for p in params], states, params)
+        diffs.append(gaps)  # left on the device: no wait for the host at each step
+    diffs = np.asarray(jnp.stack(diffs))  # [steps, pairs]
+    rows = [{"optimizer": name, "max_abs_diff_after": {t: float(diffs[t - 1, j]) for t in (1, 4, 16)}}
+            for j, name in enumerate(pairs)]
     print_table("b. max |ours - optax| over all parameters, after t steps (jit, real gradients)",
                 ["optimizer", "t = 1", "t = 4", "t = 16"],
                 [[r["optimizer"], *r["max_abs_diff_after"].values()] for r in rows])
@@ -233,7 +260,7 @@ def final_train_loss(losses: np.ndarray) -> np.ndarray:
 def part_c(lab: Lab, out: Path) -> dict:
     rows = []
     for name, low in LM_GRIDS.items():
-        res = lab.sweep(name, lr_grid(low))
+        res = lab.runs[name]
         for lr, tr, val in zip(lr_grid(low), final_train_loss(res["losses"]), res["val_loss"]):
             rows.append({"optimizer": name, "lr": lr, "train_loss": finite(tr),
                          "val_loss": finite(val), "gap": finite(val - lab.floor)})
@@ -286,10 +313,8 @@ def part_d(lab: Lab, out: Path) -> dict:
     print_table("d. step-size multiplier without bias correction, (1 - b1^t) / sqrt(1 - b2^t), "
                 "b1 = 0.9", ["b2", *[f"t = {t}" for t in ts]],
                 [[b2, *[float(m) for m in ms]] for b2, ms in mult.items()])
-    grid = lr_grid(LM_GRIDS["adam"])
-    picks = {"small": 0, "normal": 2, "large": 3}  # indices into part c's Adam grid
-    with_bc = lab.sweep("adam", grid)  # part c's runs, if it ran
-    without = lab.sweep("adam", [grid[i] for i in picks.values()], bias_correction=False)
+    grid, picks = lr_grid(LM_GRIDS["adam"]), BC_PICKS
+    with_bc, without = lab.runs["adam"], lab.runs["adam, no bias correction"]  # c's Adam
     rows = [{"lr_label": k, "lr": grid[i],
              "train_loss_with": finite(final_train_loss(with_bc["losses"][i])),
              "train_loss_without": finite(final_train_loss(without["losses"][j])),
@@ -320,7 +345,10 @@ def part_d(lab: Lab, out: Path) -> dict:
 
 def part_e(lab: Lab, out: Path) -> dict:
     docs = lab.corpus.train
-    doc_freq = np.array([np.mean([i in d for d in docs]) for i in range(len(garden.VOCAB))])
+    present = np.zeros((len(docs), len(garden.VOCAB)), bool)  # word i occurs in document j
+    for j, d in enumerate(docs):
+        present[j, d] = True
+    doc_freq = present.mean(0)
     rare = [garden.WORD_ID[w] for w in garden.RARE_WORDS]
     frequent = [i for i in np.flatnonzero(doc_freq > 0.2) if i > garden.EOS_ID]
     seen = lab.batches["targets"]
@@ -328,7 +356,7 @@ def part_e(lab: Lab, out: Path) -> dict:
     rows = []
     for name in ("sgd", "adam"):
         grid = lr_grid(LM_GRIDS[name])
-        res = lab.sweep(name, grid)
+        res = lab.runs[name]
         i = int(np.nanargmin(res["val_loss"]))
         moved = np.linalg.norm(res["params"]["tok_embed"][i] - e0, axis=-1)
         rows.append({"optimizer": name, "lr": grid[i], "rare_moved": float(moved[rare].mean()),
@@ -348,14 +376,13 @@ def part_e(lab: Lab, out: Path) -> dict:
 # f. AdamW vs Adam + L2
 # ------------------------------------------------------------------------------------
 
-def part_f(lab: Lab, out: Path, lr: float = 1e-2, lam: float = 0.01) -> dict:
-    record = lambda p, s: {"nu": s.nu, "count": s.count}  # noqa: E731  (Adam's state)
-    runs = {"adamw": lab.sweep("adamw", [lr], record, weight_decay=lam),
-            "adam_l2": lab.sweep("adam_l2", [lr], record, l2=lam)}
+def part_f(lab: Lab, out: Path) -> dict:
+    lr, lam = DECAY_LR, DECAY_LAMBDA
     rows, curves = [], {}
-    for name, res in runs.items():
-        count = res["record"]["count"][0]
-        nu = np.concatenate([np.ravel(x[0]) for x in jax.tree.leaves(res["record"]["nu"])])
+    for name in ("adamw", "adam_l2"):
+        res = lab.runs[name]
+        count = res["opt_state"].count[0]  # Adam's state at the end of the run
+        nu = np.concatenate([np.ravel(x[0]) for x in jax.tree.leaves(res["opt_state"].nu)])
         grad_rms = np.sqrt(nu / (1 - 0.999**count))  # sqrt(v_hat): typical gradient size
         grad_rms = grad_rms[grad_rms > 1e-9]  # leave out parameters that never get a gradient
         decay = np.full_like(grad_rms, lr * lam) if name == "adamw" else lr * lam / (grad_rms + 1e-8)
