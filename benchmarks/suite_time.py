@@ -89,7 +89,7 @@ def main_job(clone: Path) -> dict:
                 sys.exit(f"jaxscale compare ({kind}) failed:\n{r.stderr[-3000:]}")
             got = json.loads(r.stdout)
             out[f"compare_{kind}_s"] = wall
-            out[f"compare_{kind}_split_s"] = got.get("wall_split_s")
+            out[f"compare_{kind}_split_s"] = got.get("wall")  # compare.run.wall_split
     return out
 
 

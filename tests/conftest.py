@@ -77,7 +77,9 @@ jax.monitoring.register_event_listener(_on_event)
 
 def pytest_sessionfinish(session):
     import json
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    # the worker's id from xdist itself: a pytest run nested in a test (gpu_check.sh's)
+    # inherits PYTEST_XDIST_WORKER and would overwrite its parent worker's record
+    worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
     out = ROOT / ".cache" / "suite-compiles" / f"{worker}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**COMPILES, "compiles": COMPILES["compile_requests"]
