@@ -180,6 +180,25 @@ def named_host_arrays(tree) -> dict[str, np.ndarray]:
             for path, v in flat}
 
 
+def replicated(tree):
+    """Every leaf that spans several processes, copied whole onto each device of its mesh
+    (one gather); leaves held by this process alone are returned as they are.
+
+    For evaluation: a program that reads ZeRO-3's dp-sharded parameters gathers each one
+    inside, and across processes on CPU those gathers go over gloo, one per parameter:
+    4.6-5.4 s per validation batch of the tiny model on 2 processes x 2 devices, measured,
+    against 0.02-0.05 s once the parameters are whole everywhere (the gather: 0.6 s, once
+    per evaluation)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def whole(x):
+        if x.is_fully_addressable or x.is_fully_replicated:
+            return x
+        return jax.device_put(x, NamedSharding(x.sharding.mesh, PartitionSpec()))
+    return jax.tree.map(whole, tree)
+
+
 def keep_stdout_for_python() -> None:
     """Point file descriptor 1 at stderr and give Python's stdout the original: gloo's C++
     code prints its connection chatter ("[Gloo] Rank 0 is connected ...") to fd 1, which

@@ -176,7 +176,8 @@ class Validator(Hook):
         self.eval_fn, self.whole, self.val_batches = eval_fn, whole, val_batches
 
     def loss(self, run) -> float:
-        return evaluate(self.eval_fn, self.whole(run.state), self.val_batches)
+        return evaluate(self.eval_fn, processes.replicated(self.whole(run.state)),
+                        self.val_batches)
 
     def on_step(self, run):
         cfg = run.cfg
