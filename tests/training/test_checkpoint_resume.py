@@ -13,10 +13,10 @@
       within 1e-5 relative of the uninterrupted single-device run
     - 12 SIGKILLs, each at a named phase of a save (checkpoint/crash.py: before writing,
       while writing, after the commit), sync and async: the resumed curve equals the
-      uninterrupted one bit for bit; incomplete saves are never used. (It was 21 kills at
-      random instants, over 300 steps: placed by the hook, a kill is one of six cases (3
-      phases x sync/async), each now met twice, the second time by a run that itself
-      resumed from a killed one; the rounds cover 64 steps, so 128 leave room to finish.)
+      uninterrupted one bit for bit; incomplete saves are never used. (It was 21 kills over
+      300 steps: placed by the hook, a kill is one of six cases (3 phases x sync/async),
+      each now met twice, the second time by a run that itself resumed from a killed
+      one; the rounds cover 64 steps, so 128 leave room to finish.)
     - a disk that refuses writes mid-save: the save fails loudly, the previous checkpoint
       stays whole
 """
@@ -128,8 +128,9 @@ def test_resuming_under_other_plans_stays_near_the_single_device_run(tmp_path):
 # SIGKILL at every phase of a save
 # --------------------------------------------------------------------------------------
 
-KILL_ARGS = ["--model", "tiny", "--steps", "128", "--eval-every", "1000", "--batch-size", "8",
-             "--checkpoint-every", "4", "--keep", "2", "--json"]
+KILL_STEPS = 128  # the kills' rounds advance 64 steps; the last run finishes the rest
+KILL_ARGS = ["--model", "tiny", "--steps", str(KILL_STEPS), "--eval-every", "1000",
+             "--batch-size", "8", "--checkpoint-every", "4", "--keep", "2", "--json"]
 KILLS = 12  # each of the 3 phases 4 times: twice with sync saves, twice with async
 
 
@@ -180,7 +181,8 @@ def test_sigkill_at_every_phase_of_a_save_resumes_bit_for_bit(tmp_path):
     resumed, straight = json.loads(out), json.loads(ref_out)
     assert resumed["resumed_from"] is not None
     assert resumed["loss_curve"] == straight["loss_curve"]  # bit for bit, every step
-    a, b = tensors.read_canonical(d, 128), tensors.read_canonical(tmp_path / "ref", 128)
+    a, b = tensors.read_canonical(d, KILL_STEPS), tensors.read_canonical(tmp_path / "ref",
+                                                                      KILL_STEPS)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     print(f"{kills} kills, {during_save} of them during a save")
     assert kills == KILLS and during_save >= KILLS // 3
