@@ -37,8 +37,11 @@ LAYOUTS = {
 
 @functools.lru_cache(maxsize=None)
 def built(plan: Plan, precision: str = "fp32"):
-    """(init, step, params) of a plan: one compiled set per plan for the whole module."""
-    cfg = TrainConfig(model=MODEL, precision=precision)
+    """(init, step, params) of a plan: one compiled set per plan for the whole module.
+    The schedule (8 steps, warm-up 2) is test_checkpoint_resume's, so that the programs
+    its runs under the same plans compile come from the compilation cache (the schedule's
+    constants are part of a program); no test here depends on the learning rate."""
+    cfg = TrainConfig(model=MODEL, precision=precision, steps=8, warmup=2)
     _, params, optimizer = init_run(cfg)
     plan = replace(plan, precision=precision)
     init, step = build_train_step(model_config.preset(MODEL), plan, optimizer, jax.devices()[:plan.n_devices])

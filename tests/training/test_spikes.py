@@ -83,8 +83,10 @@ def test_window_limits_are_mean_plus_z_std_of_accepted_steps_after_warm_up():
 
 def _step(name: str):
     plan = strategy_plan(name, 8, model_config.preset("tiny"))
-    # test_checkpoint_resume's config: its plain programs are in the compilation cache
-    _, params, optimizer = init_run(TrainConfig(model="tiny", steps=40, warmup=10))
+    # test_checkpoint_resume's BASE schedule (8 steps, warm-up 2): the plain programs of
+    # its every-strategy run are then in the compilation cache (the schedule's constants
+    # are part of the program)
+    _, params, optimizer = init_run(TrainConfig(model="tiny", steps=8, warmup=2))
     init, step = build_train_step(model_config.preset("tiny"), plan, optimizer,
                                   jax.devices()[:plan.n_devices])
     corpus = garden.make_corpus(0, 256, 16, model_config.preset("tiny").seq_len)
