@@ -2,7 +2,7 @@
 
     - every strategy of compare's default set: 8 steps straight against 4, a NEW process
       resuming 4 more: loss curve and final state bit-identical (max abs diff 0.0); also
-      fp16 with dynamic loss scaling, micro-batches and a warm-up that crosses the save.
+      fp16 with dynamic loss scaling and micro-batches, its warm-up ending at the save.
       (It was 40 against 20: what the property needs is that every piece of state has
       moved before the save (parameters, both Adam moments, the step counter that drives
       the learning-rate schedule, fp16's scale and its count of finite steps) and that the
@@ -45,7 +45,10 @@ pytestmark = pytest.mark.slow
 BASE = TrainConfig(model="tiny", steps=8, eval_every=4, warmup=2, n_train_docs=512,
                    n_val_docs=16)
 SAVE = 4  # the step the resumed run starts from
-FP16 = replace(BASE, precision="fp16", micro_batches=2, warmup=6)  # warm-up crosses the save
+# warmup=6 is cut to half the run (training.config.warmup_steps: 4 of 8), so the warm-up's
+# last step is the save's and the resumed run starts at the peak of the cosine decay: a
+# resumed step counter that went wrong would show at once (lr 0 at count 0)
+FP16 = replace(BASE, precision="fp16", micro_batches=2, warmup=6)
 
 
 def _config(strategy: str, base=BASE) -> TrainConfig:
