@@ -126,7 +126,7 @@ def _compute(t, d) -> None:
 def _checkpoints(t) -> None:
     c = t.add_argument_group("checkpoints", "save the whole training state (Orbax, in a "
                              "plan-independent form) and resume it, under any plan")
-    c.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+    c.add_argument("--checkpoint-dir", type=output_dir, default=None, metavar="DIR",
                    help="directory of the run's checkpoints, one sub-directory per step")
     c.add_argument("--checkpoint-every", type=_number(), default=None, metavar="N",
                    help="save every N steps and at the last step (needs --checkpoint-dir)")

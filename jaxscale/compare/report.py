@@ -223,8 +223,9 @@ CROSS_NOTE = ("cross-proc/step: bytes per device per step that leave the process
 
 
 def print_table(result: dict) -> None:
-    """The table, in two halves that fit a 100-column terminal (correctness and memory;
-    communication and time), then the notes."""
+    """The table by topic (correctness and memory; communication and time), each part split
+    further into column groups where the terminal is narrower (jaxscale.report.print_table),
+    then the notes."""
     cols, rows = table_rows(result)
     title = (f"jaxscale compare: {result['model']} on {_where(result)}"
              + (" (compiled only)" if result.get("abstract") else

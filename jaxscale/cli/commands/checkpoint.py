@@ -42,7 +42,11 @@ def _cmd_ls(args) -> int:
     if not d.is_dir():
         raise UsageError(f"{d} is {'a file' if d.exists() else 'not there'}; give the "
                          "directory a run saved its checkpoints into (--checkpoint-dir)")
-    rows = listing(d)
+    try:
+        rows = listing(d)
+    except OSError as e:  # e.g. /proc: entries named like steps that cannot be read
+        raise UsageError(f"cannot read {d}: {e.strerror or e} ({e.filename}); give the "
+                         "directory a run saved its checkpoints into (--checkpoint-dir)") from None
     if args.json:
         print(json.dumps({"directory": str(d), "checkpoints": rows}))
         return 0

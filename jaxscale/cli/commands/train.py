@@ -45,7 +45,7 @@ def _checkpoint_options(args):
     if args.accept_lr_change and not args.resume:
         raise CheckpointError("--accept-lr-change only applies with --resume")
     keep = CheckpointOptions.keep if args.keep is None else args.keep
-    options = CheckpointOptions(args.checkpoint_dir, every=args.checkpoint_every,
+    options = CheckpointOptions(str(args.checkpoint_dir), every=args.checkpoint_every,
                                 keep=keep, async_save=args.async_checkpoint,
                                 resume=args.resume, accept_lr_change=args.accept_lr_change)
     options.validate()
