@@ -19,6 +19,7 @@ import jax
 from jaxscale import garden
 from jaxscale.model import config as model_config
 from jaxscale.report import plot_loss_curve
+from jaxscale.runtime.outputs import write_text_atomically
 from jaxscale.training import hooks as H
 from jaxscale.training.config import TrainConfig
 from jaxscale.training.faults import bad_batch, poison
@@ -138,7 +139,7 @@ def finish(run: Run, validator: H.Validator, out: Path | None) -> TrainResult:
     if out is not None:
         if not run.interrupted and any(map(math.isfinite, run.losses)):
             plot_loss_curve(result, out / "loss_curve.png")
-        (out / "result.json").write_text(json.dumps(result.to_json(), indent=1))
+        write_text_atomically(out / "result.json", json.dumps(result.to_json(), indent=1))
     if run.interrupted:
         raise TrainInterrupted(result)
     return result
