@@ -10,6 +10,7 @@
 """
 import functools
 import json
+import shlex
 import signal
 from dataclasses import replace
 
@@ -83,3 +84,42 @@ def test_the_output_folder_holds_one_runs_files(tmp_path, monkeypatch):
             str(tmp_path / "ck"), every=EVERY))
     assert not (out / "loss_curve.png").exists()  # the old chart went with the old result
     assert json.loads((out / "result.json").read_text())["interrupted"] is True
+
+
+def test_the_cli_names_the_command_that_resumes(tmp_path, monkeypatch, capsys):
+    """`jaxscale train` stopped by Ctrl-C inside a save: exit 130, no traceback, and a line
+    with the exact command that resumes; that command, run, resumes from the saved step."""
+    from jaxscale.cli.main import main
+
+    argv = ["train", "--model", "tiny", "--steps", "6", "--eval-every", "1000",
+            "--warmup", "2", "--train-docs", "256", "--checkpoint-dir", str(tmp_path / "ck"),
+            "--checkpoint-every", "2", "--json"]
+    monkeypatch.setenv(crash.ENV, "writing@1:INT")
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "finishing the checkpoint of step 2" in err, err
+    line = next(ln for ln in err.splitlines() if "resume with:" in ln)
+    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert command == ["jaxscale", *argv, "--resume"]
+    monkeypatch.delenv(crash.ENV)
+    assert main(command[1:]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["resumed_from"] == 2
+
+
+def test_an_interrupted_compare_leaves_no_earlier_report_beside_its_json(
+        tmp_path, monkeypatch, capsys):
+    from jaxscale.cli.main import main
+    from jaxscale.compare import run as compare_run
+
+    out = tmp_path / "compare"
+    out.mkdir()
+    for old in ("compare.md", "memory.png", "losses.png", "notes.txt"):
+        (out / old).write_text("an earlier run's")
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(compare_run, "run_all", interrupted)
+    assert main(["compare", "--out", str(out), "--strategies", "single,dp"]) == 130
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "notes.txt"]
+    assert json.loads((out / "compare.json").read_text())["complete"] is False
+    capsys.readouterr()

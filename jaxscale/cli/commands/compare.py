@@ -163,6 +163,8 @@ def run(args) -> int:
         result["processes"] = cluster.num_processes
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     voice = {"main": cluster is None or cluster.process_id in (None, 0)}
+    if voice["main"]:
+        _start_outputs(out)
     wall: dict = {}  # where the run's wall time went: compile phase, timing phase, ...
     try:
         rows = run_all(spec, save, log, voice=voice, wall=wall)
@@ -199,6 +201,7 @@ def _run_abstract(args, cfg, plans, out: Path) -> int:
     from jaxscale.runtime.compile_cache import enable_compilation_cache
     devices = devlib.pick_devices(args.platform, args.devices)
     enable_compilation_cache()
+    _start_outputs(out)
     rows = abstract.run_abstract(cfg, plans, devices, args.batch_size)
     result = {"model": args.model, "devices": args.devices, "abstract": True, "rows": rows}
     _write_json(out / "compare.json", result)
@@ -209,6 +212,14 @@ def _run_abstract(args, cfg, plans, out: Path) -> int:
         report.print_table(result)
         print(f"report and JSON in {out}/", file=sys.stderr)
     return 0
+
+
+def _start_outputs(out: Path) -> None:
+    """Just before the work: no earlier run's report or charts beside this run's
+    compare.json, whole or partial (a refused run leaves an earlier result untouched)."""
+    from jaxscale.compare.charts import FILES as CHARTS
+    from jaxscale.runtime.outputs import start_output_set
+    start_output_set(out, ("compare.json", "compare.md", *CHARTS))
 
 
 def _write_json(path: Path, obj) -> None:

@@ -20,6 +20,20 @@ def register(subparsers) -> None:
     train_options.add_parser(subparsers).set_defaults(run=run)
 
 
+def _resume_hint(argv: list[str], directory: str) -> str:
+    """The line that says where the run can go on from, and the exact command that does."""
+    import shlex
+
+    from jaxscale.training.checkpoint.store import complete_steps
+
+    steps = complete_steps(directory)
+    if not steps:
+        return f"jaxscale: no complete checkpoint in {directory} yet; the run starts over"
+    again = argv if "--resume" in argv else [*argv, "--resume"]
+    return (f"jaxscale: the checkpoint of step {steps[-1]:,} is complete; resume with: "
+            f"{shlex.join(['jaxscale', *again])}")
+
+
 def _checkpoint_options(args):
     """The checkpoint options, validated before anything is written (CheckpointError)."""
     from jaxscale.training.checkpoint.manager import CheckpointOptions
@@ -147,6 +161,8 @@ def run(args) -> int:
         print(f"jaxscale: interrupted after {plural(e.result.steps_run, 'step')} of "
               f"{cfg.steps:,}; metrics so far and a partial result.json "
               f"(\"interrupted\": true) in {args.out}/", file=sys.stderr)
+        if checkpoint is not None:
+            print(_resume_hint(args.argv, checkpoint.directory), file=sys.stderr)
         return EXIT_INTERRUPTED
     if not main:
         return EXIT_FAILED if result.nonfinite_step is not None else 0
