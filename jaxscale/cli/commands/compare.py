@@ -110,26 +110,35 @@ def _strategy_names(args, n, cfg) -> tuple[list[str], tuple[str, ...]]:
     return names, layouts
 
 
-def run(args) -> int:
-    from dataclasses import asdict
-
-    from jaxscale.runtime import processes as distributed
+def _checked_plans(args, cfg, on_cpu: bool) -> dict:
+    """The strategies' plans, each checked against the model, the devices and the batch."""
     from jaxscale.compare.strategies import CompareError, check_strategies
-    cfg = model_config.preset(args.model)
-    on_cpu = args.platform == "cpu" or (args.platform == "auto"
-                                        and not devlib.accelerator_installed())
     if not args.abstract and on_cpu and args.model not in model_config.CPU_PRESETS:
         raise CompareError(f"model {args.model!r} is too big to train here; use --abstract "
                            "to compile it without running, or one of "
                            f"{', '.join(model_config.CPU_PRESETS)}")
+    if on_cpu and not args.abstract:  # the host's limit first, as train states it
+        devlib.check_cpu_count(args.devices)
     names, layouts = _strategy_names(args, args.devices, cfg)
-    plans = check_strategies(names, args.devices, cfg, layouts)  # all valid before JAX starts
+    plans = check_strategies(names, args.devices, cfg, layouts)
     for name, plan in plans.items():
         if args.batch_size % (plan.dp * plan.micro_batches):
             need = max(p.dp * p.micro_batches for p in plans.values())
             raise CompareError(f"strategy {name!r}: batch of {args.batch_size} documents is not "
                                f"divisible by dp x micro_batches = {plan.dp} x "
                                f"{plan.micro_batches}; try --batch-size {need}")
+    return plans
+
+
+def run(args) -> int:
+    from dataclasses import asdict
+
+    from jaxscale.runtime import processes as distributed
+    from jaxscale.compare.strategies import CompareError
+    cfg = model_config.preset(args.model)
+    on_cpu = args.platform == "cpu" or (args.platform == "auto"
+                                        and not devlib.accelerator_installed())
+    plans = _checked_plans(args, cfg, on_cpu)  # all valid before JAX starts
     out = Path(args.out)
     cluster = distributed.from_args(args)
     if args.abstract:

@@ -71,6 +71,9 @@ def compute(args, shape, params: float) -> dict:
     tp, pp, cp, dp = args.tp, args.pp, args.cp, args.devices
     m = args.micro_batches or pp
     schedule = "interleaved" if args.virtual > 1 else args.schedule
+    if pp > 1:  # the sizes `schedule` and `plan` accept, by the same rule
+        from jaxscale.parallel.schedules import check_sizes
+        check_sizes(schedule, pp, m, args.virtual)
     recompute = args.recompute
     out = {"degrees": {"dp": dp, "tp": tp, "pp": pp, "virtual": args.virtual, "cp": cp,
                        "sequence_parallel": args.sequence_parallel, "micro_batches": m,

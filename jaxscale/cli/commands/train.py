@@ -8,6 +8,7 @@ import math
 import os
 import sys
 
+from jaxscale.cli.commands import train_notes
 from jaxscale.cli.main import EXIT_FAILED, EXIT_INTERRUPTED, _error
 from jaxscale.runtime.compile_cache import enable_compilation_cache
 from jaxscale.runtime.processes import SUPERVISED_ENV
@@ -18,20 +19,6 @@ def register(subparsers) -> None:
     from jaxscale.cli import train_options
 
     train_options.add_parser(subparsers).set_defaults(run=run)
-
-
-def _resume_hint(argv: list[str], directory: str) -> str:
-    """The line that says where the run can go on from, and the exact command that does."""
-    import shlex
-
-    from jaxscale.training.checkpoint.store import complete_steps
-
-    steps = complete_steps(directory)
-    if not steps:
-        return f"jaxscale: no complete checkpoint in {directory} yet; the run starts over"
-    again = argv if "--resume" in argv else [*argv, "--resume"]
-    return (f"jaxscale: the checkpoint of step {steps[-1]:,} is complete; resume with: "
-            f"{shlex.join(['jaxscale', *again])}")
 
 
 def _checkpoint_options(args):
@@ -92,19 +79,9 @@ def _setup_devices(args):
     return meshlib.make_mesh(shape)  # sizes must match the (global) devices
 
 
-def run(args) -> int:
-    import dataclasses
-
-    import jax
-
-    from jaxscale.training.checkpoint.manager import CheckpointWriteError
-    from jaxscale.cli.runtime_options import resolve_attention
-    from jaxscale.runtime.processes import is_main
-    from jaxscale.report import plural
-    from jaxscale.training.faults import parse_faults
-    from jaxscale.training.config import TrainConfig, TrainConfigError
-    from jaxscale.training.result import TrainInterrupted
-    from jaxscale.training.loop import train
+def _config(args):
+    """The TrainConfig the options describe (not yet validated)."""
+    from jaxscale.training.config import TrainConfig
 
     several = args.num_processes is not None and args.num_processes > 1
     if args.mesh is None and several and args.devices is not None:
@@ -121,6 +98,24 @@ def run(args) -> int:
                       spike_policy=args.spike_policy, spike_z=args.spike_z,
                       spike_window=args.spike_window,
                       rollback_lr_factor=args.rollback_lr_factor)
+    return cfg
+
+
+def run(args) -> int:
+    import dataclasses
+
+    import jax
+
+    from jaxscale.training.checkpoint.manager import CheckpointWriteError
+    from jaxscale.cli.runtime_options import resolve_attention
+    from jaxscale.runtime.processes import is_main
+    from jaxscale.report import plural
+    from jaxscale.training.faults import parse_faults
+    from jaxscale.training.config import TrainConfig, TrainConfigError
+    from jaxscale.training.result import TrainInterrupted
+    from jaxscale.training.loop import train
+
+    cfg = _config(args)
     if args.halt_after is not None and args.halt_after >= cfg.steps:
         raise TrainConfigError(f"--halt-after {args.halt_after} must be below --steps "
                                f"{cfg.steps}; it stops the run early")
@@ -128,7 +123,7 @@ def run(args) -> int:
     if checkpoint is not None and checkpoint.resume and args.micro_batches is None:
         cfg = _elastic(cfg, checkpoint.directory)
     cfg.validate()
-    faults = parse_faults(args.inject)
+    faults = parse_faults(args.inject, cfg.steps)
     if args.max_restarts is not None and not os.environ.get(SUPERVISED_ENV):
         return _supervise(args, checkpoint)
     if checkpoint is not None and checkpoint.resume:
@@ -147,6 +142,8 @@ def run(args) -> int:
     def log(msg, kind="warning"):
         print(f"jaxscale: {kind}: {msg}", file=sys.stderr)
 
+    train_notes.before_run(args, cfg, log)
+
     main = is_main()  # several processes: only process 0 prints
     try:
         result = train(cfg, out_dir=args.out, progress=not args.json, log=log,
@@ -162,7 +159,7 @@ def run(args) -> int:
               f"{cfg.steps:,}; metrics so far and a partial result.json "
               f"(\"interrupted\": true) in {args.out}/", file=sys.stderr)
         if checkpoint is not None:
-            print(_resume_hint(args.argv, checkpoint.directory), file=sys.stderr)
+            print(train_notes.resume_hint(args.argv, checkpoint.directory), file=sys.stderr)
         return EXIT_INTERRUPTED
     if not main:
         return EXIT_FAILED if result.nonfinite_step is not None else 0
