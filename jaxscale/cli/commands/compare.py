@@ -182,7 +182,7 @@ def run(args) -> int:
     except KeyboardInterrupt:
         if not voice["main"]:
             return 130
-        save(result["rows"])
+        report.print_partial(result, args.json, save)  # saved, then as the table or JSON
         log(f"jaxscale: interrupted; the {len(result['rows'])} strategies finished so far "
             f"are in {out / 'compare.json'}")
         return 130
