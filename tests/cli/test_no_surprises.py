@@ -57,17 +57,31 @@ def test_a_warmup_longer_than_half_the_run_is_noted_and_recorded(capsys, tmp_pat
     from jaxscale.cli.main import main
 
     assert main(["train", "--model", "tiny", "--steps", "4", "--warmup", "5000",
-                 "--eval-every", "1000", "--train-docs", "256", "--json"]) == 0
+                 "--eval-every", "1000", "--train-docs", "256", "--out", str(tmp_path),
+                 "--json"]) == 0
     out = capsys.readouterr()
     assert "--warmup 5,000 is more than half of --steps 4" in out.err
     r = json.loads(out.out.splitlines()[-1])
     assert r["warmup_steps"] == 2 and r["config"]["warmup"] == 5000
 
 
-def test_idle_devices_are_noted(capsys):
+def test_idle_devices_are_noted(capsys, tmp_path):
     from jaxscale.cli.main import main
 
     assert main(["train", "--model", "tiny", "--steps", "2", "--devices", "8",
-                 "--eval-every", "1000", "--train-docs", "256", "--json"]) == 0
+                 "--eval-every", "1000", "--train-docs", "256", "--out", str(tmp_path),
+                 "--json"]) == 0
     err = capsys.readouterr().err
     assert "the mesh is dp=1, so 7 devices stay idle" in err and "--mesh dp=8" in err
+
+
+def test_a_halted_run_does_not_say_it_diverged(capsys, tmp_path):
+    from jaxscale.cli.main import main
+
+    assert main(["train", "--model", "tiny", "--steps", "6", "--halt-after", "2",
+                 "--eval-every", "1000", "--train-docs", "256", "--checkpoint-dir",
+                 str(tmp_path / "ck"), "--checkpoint-every", "2", "--out",
+                 str(tmp_path / "out")]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())  # cells may wrap
+    assert "not measured (halted (--halt-after) after 2 steps, before the first" in out
+    assert "diverged" not in out

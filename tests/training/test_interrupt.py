@@ -93,7 +93,7 @@ def test_the_cli_names_the_command_that_resumes(tmp_path, monkeypatch, capsys):
 
     argv = ["train", "--model", "tiny", "--steps", "6", "--eval-every", "1000",
             "--warmup", "2", "--train-docs", "256", "--checkpoint-dir", str(tmp_path / "ck"),
-            "--checkpoint-every", "2", "--json"]
+            "--checkpoint-every", "2", "--out", str(tmp_path / "out"), "--json"]
     monkeypatch.setenv(crash.ENV, "writing@1:INT")
     assert main(argv) == 130
     err = capsys.readouterr().err

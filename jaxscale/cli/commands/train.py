@@ -240,7 +240,7 @@ def _print_summary(r, out) -> None:
         ("steps", f"{r.steps_run:,} ({plural(r.tokens_seen, 'target token')})"),
         ("final training loss", f"{r.loss_curve[-1]:.4f} nats/token"),
         ("validation loss", f"{r.val_loss:.4f} nats/token" if math.isfinite(r.val_loss)
-         else "not measured (the loss diverged)"),
+         else f"not measured ({train_notes.no_validation(r)})"),
         ("entropy floor (exact)", f"{r.entropy_floor:.4f} nats/token"),
         ("gap to floor", f"{r.gap:.4f} nats" if math.isfinite(r.gap) else "-"),
         ("compile (first step)", f"{r.compile_s:.2f} s"),

@@ -1,6 +1,7 @@
 """What `jaxscale train` says besides its result: notes on what the command line left
-unsaid (devices left idle, a warm-up shortened to half the run), and after a Ctrl-C the
-command that resumes from the last complete checkpoint."""
+unsaid (devices left idle, a warm-up shortened to half the run), why a run has no
+validation loss, and after a Ctrl-C the command that resumes from the last complete
+checkpoint."""
 from __future__ import annotations
 
 
@@ -39,3 +40,15 @@ def resume_hint(argv: list[str], directory: str) -> str:
     again = argv if "--resume" in argv else [*argv, "--resume"]
     return (f"jaxscale: the checkpoint of step {steps[-1]:,} is complete; resume with: "
             f"{shlex.join(['jaxscale', *again])}")
+
+
+def no_validation(r) -> str:
+    """Why a run (a TrainResult) has no validation loss: it diverged, or it stopped before
+    its first evaluation."""
+    if r.nonfinite_step is not None or r.val_curve:  # the last evaluation gave NaN
+        return "the loss diverged"
+    if r.halted:
+        return f"halted (--halt-after) after {r.steps_run:,} steps, before the first evaluation"
+    if r.interrupted:
+        return f"interrupted after {r.steps_run:,} steps, before the first evaluation"
+    return "no evaluation ran"
