@@ -32,7 +32,7 @@ PLAN = ["plan", "--params", "7e9", "--devices", "8"]
 TRAIN = ["train", "--model", "tiny", "--eval-every", "1000"]
 CASES = [  # (issue item, kind, argv, words)
     ("2", "fits", PLAN, ()),
-    ("2", "fits", ["memory"], ()),
+    ("2", "fits", ["memory", "--params", "7e9"], ()),
     ("3", "refuse", ["plan", "--params", "1e6", "--devices", "8"], ("1e+06",)),
     ("3", "refuse", ["plan", "--params", "1e15", "--devices", "8"], ()),
     ("4", "refuse", [*TRAIN, "--steps", "2", "--profile", "FILE"], ("FILE",)),
@@ -48,7 +48,7 @@ CASES = [  # (issue item, kind, argv, words)
     ("6", "either", [*TRAIN, "--warmup", "5000", "--steps", "10"], ("warm",)),
     ("6", "refuse", [*TRAIN, "--inject", "nan@50", "--steps", "10"], ("nan@50",)),
     ("6", "note", [*TRAIN, "--devices", "2", "--steps", "2"], ("dp=2",)),
-    ("6", "either", ["comm", "--tp", "4"], ("tp",)),
+    ("6", "either", ["comm", "--params", "7e9", "--tp", "4"], ("--tp",)),
     ("6", "refuse", ["memory", "--pp", "4", "--virtual", "2", "--micro-batches", "1"], ()),
     ("6", "refuse", ["memory", "--pp", "2", "--virtual", "2", "--micro-batches", "3"], ()),
     ("6", "either", ["failures", "--async-blocking-minutes", "20", "--save-minutes", "10"],
