@@ -7,6 +7,7 @@ and an estimate of the time left.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -126,21 +127,72 @@ def plot_loss_curve(result, path: Path) -> None:
     save_figure(fig, path, dpi=120)
 
 
-def print_table(title: str, columns: list[str], rows: list[list], file=None) -> None:
-    """A table on the terminal (rich); off a terminal (pipes, logs) wide enough that no
-    cell wraps."""
+# Off a terminal (a pipe, a log) with no COLUMNS: wide enough that most tables stay whole.
+OFF_TERMINAL_WIDTH = 200
+
+
+def console(file=None):
+    """A rich Console as wide as COLUMNS if set, else the terminal, else OFF_TERMINAL_WIDTH
+    off a terminal (rich itself reads COLUMNS, then the terminal's size, else 80)."""
     from rich.console import Console
+
+    out = Console(file=file)
+    columns = os.environ.get("COLUMNS", "")
+    if out.is_terminal or (columns.isdigit() and int(columns) > 0):
+        return out
+    return Console(file=file, width=OFF_TERMINAL_WIDTH)
+
+
+def say(text: str, indent: str = "", file=None) -> None:
+    """Print a paragraph wrapped to the console's width (`indent` before the first line,
+    two more spaces before the others)."""
+    import textwrap
+
+    print(textwrap.fill(text, console(file).width, initial_indent=indent,
+                        subsequent_indent=indent + "  ", break_on_hyphens=False,
+                        break_long_words=False), file=file)
+
+
+def column_groups(needs: list[int], width: int) -> list[list[int]]:
+    """Split columns into groups that each fit `width`, the first (label) column in every
+    group: `needs` are the columns' widths in characters, padding and a border included.
+    A column too wide to share a group with the first one gets a group to itself."""
+    groups, current, used = [], [0], 1 + needs[0]  # the table's left border
+    for i in range(1, len(needs)):
+        if used + needs[i] > width and len(current) > 1:
+            groups.append(current)
+            current, used = [0], 1 + needs[0]
+        current.append(i)
+        used += needs[i]
+    return groups + [current]
+
+
+def print_table(title: str, columns: list[str], rows: list[list], file=None) -> None:
+    """A rich table as wide as `console` says; a wider one is split into column groups (the
+    first column repeated in each), so that no number is ever cut short."""
+    from rich.cells import cell_len
     from rich.table import Table
 
-    console = Console(file=file)
-    console = Console(file=file, width=max(100, min(160, console.width))
-                      if console.is_terminal else 200)
-    table = Table(title=title, title_justify="left")
-    for c in columns:
-        table.add_column(c, justify="left" if c == columns[0] else "right")
-    for row in rows:
-        table.add_row(*[_fmt(v) for v in row])
-    console.print(table)
+    out = console(file)
+    cells = [[_fmt(v) for v in row] for row in rows]
+    widest = [max([cell_len(r[i]) for r in cells], default=1) for i in range(len(columns))]
+    # narrowest: the widest cell, or the header's longest word (a header may wrap); natural:
+    # the header on one line
+    narrow = [max([w, *map(cell_len, c.split())]) for w, c in zip(widest, columns)]
+    natural = [max(w, cell_len(c)) for w, c in zip(widest, columns)]
+    groups = column_groups([w + 3 for w in narrow], out.width)  # padding 2, border 1
+    for k, group in enumerate(groups, 1):
+        spare = out.width - 1 - sum(narrow[i] + 3 for i in group)
+        part = f" (part {k} of {len(groups)})" if len(groups) > 1 else ""
+        table = Table(title=title + part, title_justify="left")
+        for i in group:
+            grow = max(0, min(natural[i] - narrow[i], spare))
+            spare -= grow
+            table.add_column(columns[i], justify="left" if i == 0 else "right",
+                             width=narrow[i] + grow, overflow="fold")
+        for row in cells:
+            table.add_row(*[row[i] for i in group])
+        out.print(table)
 
 
 def _fmt(v) -> str:
@@ -149,7 +201,9 @@ def _fmt(v) -> str:
             return str(v)
         if v == 0.0:
             return "0.0"
-        return f"{v:.4g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.3e}"
+        if abs(v) >= 1e5:  # 136,512 (tokens/s and the like), never 1.365e+05
+            return f"{v:,.0f}"
+        return f"{v:.4g}" if abs(v) >= 1e-3 else f"{v:.3e}"  # 0.000123 would hide digits
     return str(v)
 
 
@@ -159,6 +213,14 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def figure_formats() -> tuple[str, ...]:
+    """The file extensions save_figure can write ('png', 'svg', 'pdf', ...: matplotlib's own
+    list, which its version decides); any other extension makes savefig raise."""
+    pyplot()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    return tuple(sorted(FigureCanvasAgg.get_supported_filetypes()))
 
 
 def save_figure(fig, path: Path, dpi: int = 110) -> None:

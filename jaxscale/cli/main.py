@@ -6,6 +6,7 @@ line that names it and the valid choices, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import math
 import os
@@ -122,20 +123,88 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=version_text(),
                    help="print the versions of jaxscale, jax and jaxlib, and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+    sub.required = False  # none given: main prints the usage and the commands
 
     for name in COMMAND_MODULES:  # one module each (jaxscale/cli/commands/)
         importlib.import_module(f"jaxscale.cli.commands.{name}").register(sub)
+    for parser in _parsers(p):
+        _show_defaults(parser)
     return p
 
 
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`parser` and every subcommand's parser under it, nested ones included."""
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # aliases: once each
+                out += _parsers(child)
+    return out
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append '(default X)' to the help of every option with a value that does not say its
+    default already (flags, whose default is off, and options without one are left alone)."""
+    for a in parser._actions:
+        if (not a.option_strings or a.help == argparse.SUPPRESS or a.nargs == 0
+                or a.default in (None, argparse.SUPPRESS) or "default" in (a.help or "")):
+            continue
+        shown = str(a.default).replace("%", "%%")  # help strings are %-formatted
+        a.help = f"{a.help} (default {shown})" if a.help else f"default {shown}"
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    """The long options `parser` and the parsers under it take."""
+    return sorted({o for p in _parsers(parser) for o in p._option_string_actions
+                   if o.startswith("--")})
+
+
+def _check_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A misspelt long option fails with its nearest match: 'unrecognized argument --stpes;
+    did you mean --steps?' (argparse alone would not say, nor name the command's options).
+    A unique prefix of an option is taken, as argparse takes it."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    command = next((t for t in argv if not t.startswith("-")), None)
+    if sub is None or command not in sub.choices:
+        return
+    known = _options(sub.choices[command])
+    for token in argv[argv.index(command) + 1:]:
+        if token == "--":
+            return
+        name = token.split("=", 1)[0]
+        if not name.startswith("--") or any(o.startswith(name) for o in known):
+            continue
+        near = difflib.get_close_matches(name, known, n=1)
+        _fail(f"unrecognized argument {name}"
+              + (f"; did you mean {near[0]}?" if near else f"; see jaxscale {command} --help"))
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; output cut short by its reader (`jaxscale plan ... | head -1`) ends it
+    quietly with exit 1, as Python's documentation recommends (no traceback)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe raises here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the exit's own flush must not fail
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if os.environ.get("JAXSCALE_LAUNCHED") or os.environ.get("JAXSCALE_SUPERVISED"):
         from jaxscale.runtime.processes import die_with_parent
         die_with_parent()  # a child of `jaxscale launch` or `train --max-restarts`
     try:
-        args = build_parser().parse_args(_attach_negative_values(argv))
+        parser = build_parser()
+        argv_ = _attach_negative_values(argv)
+        _check_options(parser, argv_)
+        args = parser.parse_args(argv_)
+        if args.command is None:  # bare `jaxscale`: what it takes, on stderr
+            print(parser.format_help(), end="", file=sys.stderr)
+            return EXIT_USAGE
         args.argv = argv  # the command line as given (a supervisor runs it again)
         return args.run(args)
     except ValueError as e:  # our errors are ValueError subclasses with a complete message

@@ -4,6 +4,7 @@ the steps (--profile). One definition, so train, bench and compare mean the same
 from __future__ import annotations
 
 from jaxscale.cli.main import UsageError
+from jaxscale.cli.paths import output_dir
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.model.attention import KERNELS, KernelError, check_kernel
 
@@ -28,7 +29,7 @@ def add_arguments(parser, platform: bool = True) -> None:
 
 
 def add_profile_argument(parser) -> None:
-    parser.add_argument("--profile", default=None, metavar="DIR",
+    parser.add_argument("--profile", type=output_dir, default=None, metavar="DIR",
                         help="write a jax.profiler trace of the steps (compile excluded) to "
                              "DIR: open it with `tensorboard --logdir DIR` (profile plugin) "
                              "or drop its perfetto_trace.json.gz on https://ui.perfetto.dev")

@@ -86,11 +86,13 @@ def _mesh_and_plan(t, d) -> None:
     parallelism, micro-batches, the pipeline schedule."""
     t.add_argument("--devices", type=_number(), default=None, metavar="N",
                    help="split the host CPU into N devices (several processes: N in all, "
-                        "split evenly over them)")
+                        "split evenly over them; default: the platform's own, 1 CPU device or all "
+                        "the accelerators)")
     t.add_argument("--mesh", default=None, metavar="SPEC",
                    help="device mesh, e.g. dp=8, dp=2,tp=2,pp=2 or dp=2,cp=2,tp=2 (sizes "
                         "multiply to the device count; cp splits the sequence: ring "
-                        "attention, try --model long)")
+                        "attention, try --model long; default dp=1, or dp over every device of a "
+                        "job of several processes)")
     t.add_argument("--zero", type=int, default=d.zero_stage, choices=[0, 1, 2, 3],
                    metavar="STAGE", help="ZeRO stage over the dp axis: 1 shards the optimizer "
                                          "state, 2 also the gradients, 3 also the parameters "
@@ -126,7 +128,7 @@ def _compute(t, d) -> None:
 def _checkpoints(t) -> None:
     c = t.add_argument_group("checkpoints", "save the whole training state (Orbax, in a "
                              "plan-independent form) and resume it, under any plan")
-    c.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+    c.add_argument("--checkpoint-dir", type=output_dir, default=None, metavar="DIR",
                    help="directory of the run's checkpoints, one sub-directory per step")
     c.add_argument("--checkpoint-every", type=_number(), default=None, metavar="N",
                    help="save every N steps and at the last step (needs --checkpoint-dir)")

@@ -22,6 +22,7 @@ from matplotlib.ticker import MaxNLocator
 
 from jaxscale.report import pyplot, save_figure
 
+FILES = ("memory.png", "bytes.png", "losses.png")  # what `charts` may write
 REFERENCE = "single"  # the row every loss is compared with
 ZERO_FLOOR = 1e-9  # where an exact 0 is drawn on the log scale when nothing differs
 
@@ -36,6 +37,7 @@ def charts(result: dict, out: Path) -> dict:
     if any(r["name"] == REFERENCE for r in ok):  # no reference, no differences to draw
         figures["losses"] = losses_figure(result, ok, note)
     for name, fig in figures.items():
+        assert f"{name}.png" in FILES
         save_figure(fig, Path(out) / f"{name}.png")
     return figures
 

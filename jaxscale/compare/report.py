@@ -10,6 +10,7 @@ job's devices process by process, tp innermost, then pp, then dp). One-process r
 such column."""
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -111,7 +112,7 @@ def predict_cross_process(cfg, plan: dict, batch_shape, device_process: list[int
 
 
 def _gb(x: float) -> str:
-    return _bytes(x) + "B"  # powers of 1000: kB, MB, GB
+    return _bytes(x)  # powers of 1000: kB, MB, GB
 
 
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
@@ -174,12 +175,12 @@ def wall_note(w: dict) -> str:
 
 
 def _bytes(x: float) -> str:
-    """Compact but exact enough to compare: 369k, 3.146M (bytes; k, M, G are powers of
-    1000, not 1024)."""
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    """Compact but exact enough to compare, always with its unit: 369 kB, 3.146 MB, 512 B
+    (k, M, G are powers of 1000, not 1024)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(x) >= scale:
-            return f"{x / scale:.4g}{unit}"
-    return f"{x:.0f}"
+            return f"{x / scale:.4g} {unit}"
+    return f"{x:.0f} B"
 
 
 def notes(result: dict) -> list[str]:
@@ -223,8 +224,9 @@ CROSS_NOTE = ("cross-proc/step: bytes per device per step that leave the process
 
 
 def print_table(result: dict) -> None:
-    """The table, in two halves that fit a 100-column terminal (correctness and memory;
-    communication and time), then the notes."""
+    """The table by topic (correctness and memory; communication and time), each part split
+    further into column groups where the terminal is narrower (jaxscale.report.print_table),
+    then the notes."""
     cols, rows = table_rows(result)
     title = (f"jaxscale compare: {result['model']} on {_where(result)}"
              + (" (compiled only)" if result.get("abstract") else
@@ -236,9 +238,10 @@ def print_table(result: dict) -> None:
     first = [0, 1, 2, 3, 4, 5, 6, last]
     show(title + " (bytes per device)", [cols[i] for i in first],
          [[row[i] for i in first] for row in rows])
-    wall = last - 1  # s: build/HLO/steps
-    halves = ([[0, 7, 8, 9, 10], [0, 11, 12, 13, wall]] if multiprocess(result)
-              else [[0, 7, 8, 9, 10, 11, wall]])  # with cross-proc, time gets its own table
+    time = [0, *range(cols.index("compile"), last)]  # compile .. s: build/HLO/steps
+    comm = [0, *range(7, time[1])]  # sent/step, pred (and cross-proc/step, pred)
+    halves = ([comm, time] if multiprocess(result)  # with cross-proc, time gets its own table
+              else [comm + time[1:]])
     titles = (["communication per device per step (measured in the HLO / predicted)", "time"]
               if len(halves) == 2 else
               ["communication per device per step (measured in the HLO / predicted) and time"])
@@ -246,6 +249,19 @@ def print_table(result: dict) -> None:
         show(name, [cols[i] for i in part], [[row[i] for i in part] for row in rows])
     for line in notes(result):
         print(line, file=sys.stderr)
+
+
+def print_partial(result: dict, as_json: bool, save=None) -> None:
+    """An interrupted run (Ctrl-C): the rows finished so far, saved (`save(rows)`), then as
+    the table, or with --json as the JSON ("complete": false), on stdout as a finished
+    run's are."""
+    if save is not None:
+        save(result["rows"])
+    finish(result)
+    if as_json:
+        print(json.dumps(result))
+    elif result["rows"]:
+        print_table(result)
 
 
 def markdown(result: dict) -> str:

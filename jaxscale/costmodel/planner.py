@@ -87,9 +87,22 @@ def describe_reference(name: str) -> str:
     return f"{name} ({s.layers} layers, h = {s.hidden}, {s.heads} heads, {params:.3g} parameters)"
 
 
+NEAREST_WITHIN = 2.0  # a reference more than this factor from the request is refused
+
+
 def nearest_reference(params: float) -> tuple[str, Transformer]:
-    """The reference model whose parameter count is nearest on a log scale."""
+    """The reference model whose parameter count is nearest on a log scale; CostModelError
+    if even that one is more than NEAREST_WITHIN times away (a 1e6-parameter request would
+    otherwise be planned as a 7e9 one)."""
     name = min(REFERENCES, key=lambda k: abs(math.log(REFERENCES[k][0] / params)))
+    count = REFERENCES[name][0]
+    if max(count / params, params / count) > NEAREST_WITHIN:
+        known = ", ".join(f"{k} ({n:.3g})" for k, (n, _) in REFERENCES.items())
+        raise cm.CostModelError(
+            f"--params {params:.3g}: the nearest published shape, {name} ({count:.3g}), is "
+            f"{max(count / params, params / count):,.3g}x away; give --params within "
+            f"{NEAREST_WITHIN:g}x of one of {known}, or the shape itself (--layers "
+            "--hidden --heads) or --model PRESET")
     return name, REFERENCES[name][1]
 
 
@@ -132,8 +145,31 @@ def check(job: Job) -> None:
         if k not in FIXABLE or x < (0 if k == "zero" else 1) or (k == "zero" and x > 3):
             raise cm.CostModelError(f"cannot fix {k}={x}: fix one of {', '.join(FIXABLE)} to "
                                     "a whole number >= 1 (zero: 0-3)")
+    _check_fixed_mesh(job)
     if job.max_bubble is not None and not 0 <= job.max_bubble:
         raise cm.CostModelError(f"max bubble must be >= 0, got {job.max_bubble}")
+
+
+def _check_fixed_mesh(job: Job) -> None:
+    """A degree fixed twice, or mesh degrees that cannot multiply to the device count,
+    would leave no mesh to consider: refused here, by name."""
+    names = [k for k, _ in job.fixed]
+    twice = sorted({k for k in names if names.count(k) > 1})
+    if twice:
+        raise cm.CostModelError(f"--fix gives {twice[0]} twice; fix each degree once")
+    mesh = {k: x for k, x in job.fixed if k in ("dp", "tp", "pp", "cp")}
+    for k, x in mesh.items():
+        if job.devices % x:
+            raise cm.CostModelError(f"cannot fix {k}={x}: it must divide the {job.devices} "
+                                    f"devices; choose {k} from {divisors(job.devices)}")
+    product = math.prod(mesh.values())
+    if job.devices % product:
+        shown = " x ".join(f"{k}={x}" for k, x in mesh.items())
+        raise cm.CostModelError(f"cannot fix {shown}: their product {product} must divide "
+                                f"the {job.devices} devices")
+    if mesh.get("cp", 1) > job.max_cp:
+        raise cm.CostModelError(f"cannot fix cp={mesh['cp']}: the planner considers cp up "
+                                f"to {job.max_cp}")
 
 
 def mesh_reason(job: Job, tp: int, pp: int, cp: int) -> str | None:

@@ -56,6 +56,17 @@ def param_specs(logical, plan):
                         is_leaf=lambda x: isinstance(x, tuple))
 
 
+def _chunk_choices(layers: int, pp: int, v: int) -> str:
+    """What divides `layers`: other pp for this virtual, other virtual for this pp."""
+    pps = [k for k in range(1, layers + 1) if layers % (k * v) == 0]
+    vs = [k for k in range(1, layers + 1) if layers % (pp * k) == 0]
+    options = ([f"with virtual={v} choose pp from {pps}"] if pps else
+               [f"no pp works with virtual={v}"])
+    options.append(f"with pp={pp} choose virtual from {vs}" if vs else
+                   f"pp={pp} alone is more than the layers")
+    return "; ".join(options)
+
+
 def check_divisible(cfg: ModelConfig, plan) -> None:
     """Refuse a plan whose tp, pp x virtual, cp or sp does not divide the model's shape."""
     v = plan.virtual
@@ -64,9 +75,8 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
                         f"width ({cfg.d_ff}); choose tp from "
                         f"{[k for k in range(1, cfg.n_heads + 1) if cfg.n_heads % k == 0 and cfg.d_ff % k == 0]}")
     if cfg.n_layers % (plan.pp * v):
-        fits = [k for k in range(1, cfg.n_layers + 1) if cfg.n_layers % (k * v) == 0]
-        raise PlanError(f"pp x virtual = {plan.pp} x {v} must divide the {cfg.n_layers} layers; "
-                        f"with virtual={v} choose pp from {fits}")
+        raise PlanError(f"pp x virtual = {plan.pp} x {v} = {plan.pp * v} chunks must divide "
+                        f"the {cfg.n_layers} layers; {_chunk_choices(cfg.n_layers, plan.pp, v)}")
     if plan.cp > 1:
         try:
             context.check_layout(cfg.seq_len, plan.cp)

@@ -58,7 +58,8 @@ def cpu_runtime_threads(n_devices: int) -> int:
     return cores if n_devices <= 1 else max(cores, THREADS_PER_DEVICE * n_devices)
 
 
-def _check_count(n) -> int:
+def check_cpu_count(n) -> int:
+    """n, if this host can run n forced CPU devices; else DeviceError saying why."""
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
         raise DeviceError(f"device count must be a positive integer, got {n!r}")
     if n > MAX_CPU_DEVICES:
@@ -73,7 +74,7 @@ def _check_count(n) -> int:
 def configure_cpu_runtime(n: int) -> None:
     """Before the backend starts: n forced CPU devices and thread pools big enough for
     their collectives (PJRT_NPROC, unless the user set it)."""
-    n = _check_count(n)
+    n = check_cpu_count(n)
     os.environ.setdefault("PJRT_NPROC", str(cpu_runtime_threads(n)))
     jax.config.update("jax_num_cpu_devices", n)
 
@@ -85,7 +86,7 @@ def force_cpu_devices(n: int) -> list[jax.Device]:
     the device count is fixed: asking for a different one raises DeviceError instead of
     being silently ignored, which is what the XLA flag would do.
     """
-    n = _check_count(n)
+    n = check_cpu_count(n)
     if _backend_started():
         have = len(jax.devices("cpu"))
         if have != n:

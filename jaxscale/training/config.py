@@ -102,9 +102,15 @@ class TrainConfig:
             raise TrainConfigError(str(e)) from None
 
 
+def warmup_steps(cfg: TrainConfig) -> int:
+    """The warm-up the schedule uses: cfg.warmup, but at most half the run (the other half
+    is the decay's)."""
+    return min(cfg.warmup, cfg.steps // 2)
+
+
 def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
     """Linear warm-up to cfg.lr, then constant or cosine decay to 10% by the last step."""
-    warmup = min(cfg.warmup, cfg.steps // 2)
+    warmup = warmup_steps(cfg)
     if cfg.lr_schedule == "constant":
         return optax.linear_schedule(0.0, cfg.lr, warmup) if warmup else optax.constant_schedule(cfg.lr)
     return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1),

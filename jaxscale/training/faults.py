@@ -69,13 +69,17 @@ class Fault:
         return f"{self.kind}@{self.step}" + (f":{self.arg}" if self.arg else "")
 
 
-def parse_faults(texts) -> tuple[Fault, ...]:
-    """Faults from their written forms, refusing two of one kind at one step."""
+def parse_faults(texts, steps: int | None = None) -> tuple[Fault, ...]:
+    """Faults from their written forms, refusing two of one kind at one step and (given the
+    run's `steps`) a fault at a step the run never reaches."""
     faults = tuple(Fault.parse(t) for t in texts)
     seen = set()
     for f in faults:
         if (f.kind, f.step) in seen:
             raise SpikeError(f"fault {f.kind}@{f.step} given twice")
+        if steps is not None and f.step > steps:
+            raise SpikeError(f"--inject {f}: step {f.step} is after the run's last step "
+                             f"({steps}); inject at a step from 1 to {steps}")
         seen.add((f.kind, f.step))
     return faults
 

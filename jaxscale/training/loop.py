@@ -19,8 +19,9 @@ import jax
 from jaxscale import garden
 from jaxscale.model import config as model_config
 from jaxscale.report import plot_loss_curve
+from jaxscale.runtime.outputs import write_text_atomically
 from jaxscale.training import hooks as H
-from jaxscale.training.config import TrainConfig
+from jaxscale.training.config import TrainConfig, warmup_steps
 from jaxscale.training.faults import bad_batch, poison
 from jaxscale.training.result import TrainInterrupted, TrainResult
 from jaxscale.training.run import Run
@@ -134,11 +135,12 @@ def finish(run: Run, validator: H.Validator, out: Path | None) -> TrainResult:
         loss_scale=float(run.state.loss_scale), skipped_steps=int(run.state.skipped),
         reached_gap_at_s=run.reached_at, nonfinite_step=run.nonfinite_at,
         interrupted=run.interrupted, halted=run.halted, resumed_from=run.start or None,
-        spike_events=run.gs.events, rollbacks=run.gs.rollbacks, steps_computed=run.steps_run)
+        spike_events=run.gs.events, rollbacks=run.gs.rollbacks, steps_computed=run.steps_run,
+        warmup_steps=warmup_steps(run.cfg))
     if out is not None:
         if not run.interrupted and any(map(math.isfinite, run.losses)):
             plot_loss_curve(result, out / "loss_curve.png")
-        (out / "result.json").write_text(json.dumps(result.to_json(), indent=1))
+        write_text_atomically(out / "result.json", json.dumps(result.to_json(), indent=1))
     if run.interrupted:
         raise TrainInterrupted(result)
     return result

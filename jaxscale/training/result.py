@@ -41,6 +41,7 @@ class TrainResult:
     spike_events: list = field(default_factory=list)  # the guard's events (jaxscale.training.spikes)
     rollbacks: int = 0  # spike rollbacks to a checkpoint
     steps_computed: int = 0  # steps this process ran, the ones rollbacks undid included
+    warmup_steps: int = 0  # the schedule's warm-up: config's warmup, at most half the steps
 
     @property
     def gap(self) -> float:

@@ -13,12 +13,15 @@ from jaxscale.model import config as model_config
 from jaxscale.parallel.build import build_train_step
 from jaxscale.report import Progress
 from jaxscale.runtime import processes, profiling
+from jaxscale.runtime.outputs import start_output_set
 from jaxscale.training import hooks as H
 from jaxscale.training.checkpoint.manager import Checkpointer
 from jaxscale.training.config import TrainConfig, TrainConfigError, lr_schedule
 from jaxscale.training.faults import FAULTS_FILE, FaultLog
 from jaxscale.training.reference import init_run, make_eval_step
 from jaxscale.training.run import Run, open_metrics, resumed_metrics
+
+RUN_FILES = ("result.json", "loss_curve.png")  # written at the end (metrics.jsonl: open_metrics)
 
 
 def check_config(cfg: TrainConfig, checkpoint) -> None:
@@ -108,7 +111,7 @@ def _resume_or_init(run, ckpt, checkpoint, restore, init_fn, params, halt_after,
                                f"run starts from ({run.start})")
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        start_output_set(out, RUN_FILES)  # no earlier run's result beside this one's
         run.metrics = open_metrics(out / "metrics.jsonl", run.start)
     # a run that had already reached its stop gap when it was saved does not train on
     reached_before = (cfg.stop_gap is not None and bool(run.val_curve)

@@ -9,9 +9,14 @@ faults injected with --inject fire once per run, so the restarted run does not c
 same step again (jaxscale.training.faults.FaultLog). Ctrl-C goes to the child alone, once; nothing
 is restarted after it. Each attempt's start, end and exit code are kept for the failure
 experiment (experiments/failures.py), which measures the time a restart costs from them.
+
+The job's wall time is every child's and every restart's (first start to last end), not the
+last child's alone: after a restart it is said on stderr, and with --json the last child's
+JSON object gains "job_wall_s" and "last_child_wall_s" (and "restarts").
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +47,29 @@ class Supervised:
     def restarts(self) -> int:
         return len(self.attempts) - 1
 
+    @property
+    def wall_s(self) -> float:
+        """The whole job: the first child's start to the last one's end, restarts included."""
+        return self.attempts[-1].end - self.attempts[0].start if self.attempts else 0.0
+
+    @property
+    def last_wall_s(self) -> float:
+        """The last child's own wall time (what its table and JSON measured)."""
+        return self.attempts[-1].end - self.attempts[-1].start if self.attempts else 0.0
+
+    def note_json(self, text: str) -> str:
+        """The last child's stdout with the job's wall time added to its JSON object (the
+        text unchanged if it is not one)."""
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return text
+        if not isinstance(obj, dict):
+            return text
+        obj.update(job_wall_s=self.wall_s, last_child_wall_s=self.last_wall_s,
+                   restarts=self.restarts)
+        return json.dumps(obj) + "\n"
+
 
 def describe(returncode: int) -> str:
     if returncode < 0:
@@ -53,11 +81,13 @@ def describe(returncode: int) -> str:
 
 
 def supervise(argv: list[str], checkpoint_dir: str, max_restarts: int, resume: bool = False,
-              log=None) -> Supervised:
-    """Run `python -m jaxscale ARGV` until it ends well, restarting it at most
-    `max_restarts` times (see the module docstring). `resume`: ARGV already resumes."""
+              log=None, program: list[str] | None = None) -> Supervised:
+    """Run `python -m jaxscale ARGV` (or `program` ARGV) until it ends well, restarting it at
+    most `max_restarts` times (see the module docstring). `resume`: ARGV already resumes."""
 
     log = log or (lambda msg: print(f"jaxscale: note: {msg}", file=sys.stderr))
+    program = program or [sys.executable, "-m", "jaxscale"]
+    as_json = "--json" in argv  # the child's JSON is read, to add the job's wall time
     env = {**os.environ, SUPERVISED_ENV: "1"}
     out = Supervised(0)
     interrupted = False
@@ -72,18 +102,21 @@ def supervise(argv: list[str], checkpoint_dir: str, max_restarts: int, resume: b
     try:
         while True:
             again = bool(out.attempts) and bool(complete_steps(checkpoint_dir))
-            args = [sys.executable, "-m", "jaxscale", *argv] + (["--resume"] if again and
-                                                                 not resume else [])
+            args = [*program, *argv] + (["--resume"] if again and not resume else [])
             t0 = time.time()
-            child = subprocess.Popen(args, env=env, start_new_session=True)
-            rc = child.wait()
+            child = subprocess.Popen(args, env=env, start_new_session=True, text=True,
+                                     stdout=subprocess.PIPE if as_json else None)
+            text = child.communicate()[0] or ""
+            rc = child.returncode
             out.attempts.append(Attempt(t0, time.time(), rc, again or resume))
             out.returncode = 130 if interrupted else rc
             if interrupted or rc in NO_RESTART or out.restarts >= max_restarts:
                 if rc not in NO_RESTART and not interrupted:
                     log(f"training {describe(rc)}; no restarts left (--max-restarts "
                         f"{max_restarts})")
+                _finish(out, text, as_json, log)
                 return out
+            sys.stdout.write(text)  # a failed child's output, as it printed it
             steps = complete_steps(checkpoint_dir)
             log(f"training {describe(rc)} after {time.time() - t0:.1f} s; restart "
                 f"{out.restarts + 1} of {max_restarts} "
@@ -91,3 +124,14 @@ def supervise(argv: list[str], checkpoint_dir: str, max_restarts: int, resume: b
                    "from the beginning (no checkpoint was complete)"))
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _finish(out: Supervised, text: str, as_json: bool, log) -> None:
+    """The last child's output (its JSON with the job's wall time), and after a restart the
+    job's wall time on stderr: the child's own figures cover the last child alone."""
+    if as_json:
+        sys.stdout.write(out.note_json(text))
+        sys.stdout.flush()
+    elif out.restarts:
+        log(f"job wall time {out.wall_s:.1f} s over {len(out.attempts)} runs, restarts "
+            f"included (the last run alone: {out.last_wall_s:.1f} s)")

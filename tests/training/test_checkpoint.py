@@ -278,9 +278,9 @@ def test_bad_checkpoint_input(capsys, tmp_path, straight):
            "model='tiny'", "--model tiny")
     (tmp_path / "file").write_text("x")
     _fails(capsys, base + ["--checkpoint-dir", str(tmp_path / "file"), "--checkpoint-every",
-                           "2"], "is a file")
+                           "2"], "is an existing file, not a folder")
     _fails(capsys, base + ["--checkpoint-dir", "/proc/self/ckpt", "--checkpoint-every", "2"],
-           "not writable")
+           "cannot write into '/proc/self'")
     _fails(capsys, base + ["--checkpoint-dir", str(straight[1]), "--checkpoint-every", "2"],
            "already holds checkpoints", "--resume")
     _fails(capsys, base + ["--resume", "--keep", "2"], "--resume, --keep need --checkpoint-dir")

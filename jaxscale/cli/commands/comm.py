@@ -85,6 +85,12 @@ def compute(args) -> dict:
                          "server_seconds": server / b} for n, b in links.items()],
            "strategies": None}
     if shape is None:
+        given = [o for o, v in (("--tp", args.tp), ("--pp", args.pp),
+                                ("--recompute", args.recompute)) if v]
+        if given:  # they shape the TP and PP rows, which need the model's shape
+            raise cm.CostModelError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} the model's shape (--layers "
+                                    "--hidden, or --model PRESET): with --params alone comm "
+                                    "counts data parallelism's gradient all-reduce only")
         return out
     tp, pp = args.tp or k, args.pp or k
     L, h, s, b = shape["layers"], shape["hidden"], shape["seq"], args.batch

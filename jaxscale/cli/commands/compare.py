@@ -110,26 +110,35 @@ def _strategy_names(args, n, cfg) -> tuple[list[str], tuple[str, ...]]:
     return names, layouts
 
 
-def run(args) -> int:
-    from dataclasses import asdict
-
-    from jaxscale.runtime import processes as distributed
+def _checked_plans(args, cfg, on_cpu: bool) -> dict:
+    """The strategies' plans, each checked against the model, the devices and the batch."""
     from jaxscale.compare.strategies import CompareError, check_strategies
-    cfg = model_config.preset(args.model)
-    on_cpu = args.platform == "cpu" or (args.platform == "auto"
-                                        and not devlib.accelerator_installed())
     if not args.abstract and on_cpu and args.model not in model_config.CPU_PRESETS:
         raise CompareError(f"model {args.model!r} is too big to train here; use --abstract "
                            "to compile it without running, or one of "
                            f"{', '.join(model_config.CPU_PRESETS)}")
+    if on_cpu and not args.abstract:  # the host's limit first, as train states it
+        devlib.check_cpu_count(args.devices)
     names, layouts = _strategy_names(args, args.devices, cfg)
-    plans = check_strategies(names, args.devices, cfg, layouts)  # all valid before JAX starts
+    plans = check_strategies(names, args.devices, cfg, layouts)
     for name, plan in plans.items():
         if args.batch_size % (plan.dp * plan.micro_batches):
             need = max(p.dp * p.micro_batches for p in plans.values())
             raise CompareError(f"strategy {name!r}: batch of {args.batch_size} documents is not "
                                f"divisible by dp x micro_batches = {plan.dp} x "
                                f"{plan.micro_batches}; try --batch-size {need}")
+    return plans
+
+
+def run(args) -> int:
+    from dataclasses import asdict
+
+    from jaxscale.runtime import processes as distributed
+    from jaxscale.compare.strategies import CompareError
+    cfg = model_config.preset(args.model)
+    on_cpu = args.platform == "cpu" or (args.platform == "auto"
+                                        and not devlib.accelerator_installed())
+    plans = _checked_plans(args, cfg, on_cpu)  # all valid before JAX starts
     out = Path(args.out)
     cluster = distributed.from_args(args)
     if args.abstract:
@@ -163,6 +172,8 @@ def run(args) -> int:
         result["processes"] = cluster.num_processes
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     voice = {"main": cluster is None or cluster.process_id in (None, 0)}
+    if voice["main"]:
+        _start_outputs(out)
     wall: dict = {}  # where the run's wall time went: compile phase, timing phase, ...
     try:
         rows = run_all(spec, save, log, voice=voice, wall=wall)
@@ -171,7 +182,7 @@ def run(args) -> int:
     except KeyboardInterrupt:
         if not voice["main"]:
             return 130
-        save(result["rows"])
+        report.print_partial(result, args.json, save)  # saved, then as the table or JSON
         log(f"jaxscale: interrupted; the {len(result['rows'])} strategies finished so far "
             f"are in {out / 'compare.json'}")
         return 130
@@ -199,6 +210,7 @@ def _run_abstract(args, cfg, plans, out: Path) -> int:
     from jaxscale.runtime.compile_cache import enable_compilation_cache
     devices = devlib.pick_devices(args.platform, args.devices)
     enable_compilation_cache()
+    _start_outputs(out)
     rows = abstract.run_abstract(cfg, plans, devices, args.batch_size)
     result = {"model": args.model, "devices": args.devices, "abstract": True, "rows": rows}
     _write_json(out / "compare.json", result)
@@ -209,6 +221,14 @@ def _run_abstract(args, cfg, plans, out: Path) -> int:
         report.print_table(result)
         print(f"report and JSON in {out}/", file=sys.stderr)
     return 0
+
+
+def _start_outputs(out: Path) -> None:
+    """Just before the work: no earlier run's report or charts beside this run's
+    compare.json, whole or partial (a refused run leaves an earlier result untouched)."""
+    from jaxscale.compare.charts import FILES as CHARTS
+    from jaxscale.runtime.outputs import start_output_set
+    start_output_set(out, ("compare.json", "compare.md", *CHARTS))
 
 
 def _write_json(path: Path, obj) -> None:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from jaxscale.cli.commands.data_output import StageProgress, check_out, print_report, write_out
+from jaxscale.cli.commands.data_output import StageProgress, print_report, write_out
 from jaxscale.cli.main import UsageError, _number
+from jaxscale.cli.paths import output_dir
 from jaxscale.data.clean import clean
 from jaxscale.data.clean_config import CleanConfig, CleanError
 from jaxscale.data.decontaminate import MIN_FRACTION, N_GRAM
@@ -118,7 +118,7 @@ def _output_options(run) -> None:
                           "devices; default 1)")
     run.add_argument("--platform", default="auto", choices=PLATFORMS, metavar="NAME",
                      help=f"{', '.join(PLATFORMS)} (default auto: an accelerator if present)")
-    run.add_argument("--out", metavar="DIR", default=None,
+    run.add_argument("--out", type=output_dir, metavar="DIR", default=None,
                      help="write kept.jsonl, removed.jsonl (id, stage, and for a duplicate "
                           "the id of the kept page it duplicates) and report.json here")
     run.add_argument("--json", action="store_true",
@@ -190,9 +190,7 @@ def load(args):
 
 def _cmd_clean(args) -> int:
     cfg = config(args)
-    out = Path(args.out) if args.out else None
-    if out is not None:
-        check_out(out)
+    out = args.out  # checked by output_dir when parsed
     devices = devlib.pick_devices(args.platform, args.devices)
     enable_compilation_cache()
     texts, ids, lines, validation, web = load(args)

@@ -1,11 +1,11 @@
 """What `jaxscale data clean` shows and writes: progress, the table of stages, the --out files.
 
-`check_out` checks the --out folder before any work; `StageProgress` draws a bar on stderr for
-each stage that goes through the pages (a line for the others); `write_out` writes kept.jsonl,
-removed.jsonl and report.json together, so that a folder holds one complete run or none; and
-`print_report` prints the stages as a table, with each removing stage's precision and recall
-when the input was the labelled garden web corpus. (--json prints the report's JSON object
-instead, in `data.py`.)
+The --out folder is checked before any work, when parsed (cli.paths.output_dir);
+`StageProgress` draws a bar on stderr for each stage that goes through the pages (a line for
+the others); `write_out` writes kept.jsonl, removed.jsonl and report.json together, so that
+a folder holds one complete run or none; and `print_report` prints the stages as a table,
+with each removing stage's precision and recall when the input was the labelled garden web
+corpus. (--json prints the report's JSON object instead, in `data.py`.)
 """
 from __future__ import annotations
 
@@ -15,25 +15,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from jaxscale.cli.main import UsageError
 from jaxscale.data.clean_report import stage_note
 from jaxscale.data.records import write_atomically
 from jaxscale.report import Progress, print_table
-
-
-def check_out(out: Path) -> None:
-    """--out must be a folder, or creatable as one, and writable: checked before any work
-    (nothing is created until the results are ready)."""
-    probe = out
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe == out and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a directory (it is created if needed)")
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out}: {probe} is {'not writable' if probe.is_dir() else 'a file'}"
-                         "; give a folder that can be created and written")
 
 
 class StageProgress:

@@ -84,6 +84,11 @@ def render(r: dict) -> None:
            ["  wasted, background write ignored (exercise 9)", _pct(a["waste_write_ignored"])],
            [f"  wasted, restart from the previous save during the {a['write']:g} min write",
             _pct(a["waste_with_write"])]])
+    if a["blocking"] >= r["save"]:
+        print(f"note: the async snapshot blocks training {a['blocking']:g} min, no less than "
+              f"the {r['save']:g} min synchronous save: asynchronous saving cannot win here "
+              "(it is worth having when the snapshot to host memory is much shorter than "
+              "the write)")
     if not a["interval_covers_write"]:
         print(f"note: the async interval {a['interval']:.3g} min is shorter than the "
               f"{a['write']:g} min write: saves would queue up")

@@ -109,6 +109,9 @@ def check_request(words, processes: int, devices_per_process: int, environ=None)
     if command not in LAUNCHABLE:
         raise LaunchError(f"cannot launch {command!r}: the command after -- must be one of "
                           f"{', '.join(LAUNCHABLE)}")
+    if command == "compare" and "--abstract" in args:  # refused by every process otherwise
+        raise LaunchError("compare --abstract compiles in one process and runs nothing: run "
+                          "`jaxscale compare --abstract` without launch")
     for option in PLACEMENT + TIMEOUTS:
         if _values(args, option):
             how = ("the launcher sets it for each process" if option in PLACEMENT

@@ -17,6 +17,7 @@ from jaxscale.cli.calculator_args import STAGE_NAMES, bytes_arg, size_arg, table
 from jaxscale.costmodel import activations as A
 from jaxscale.costmodel import states as S
 from jaxscale.costmodel import units
+from jaxscale.report import plural
 
 
 def add_options(p) -> None:
@@ -71,6 +72,9 @@ def compute(args, shape, params: float) -> dict:
     tp, pp, cp, dp = args.tp, args.pp, args.cp, args.devices
     m = args.micro_batches or pp
     schedule = "interleaved" if args.virtual > 1 else args.schedule
+    if pp > 1:  # the sizes `schedule` and `plan` accept, by the same rule
+        from jaxscale.parallel.schedules import check_sizes
+        check_sizes(schedule, pp, m, args.virtual)
     recompute = args.recompute
     out = {"degrees": {"dp": dp, "tp": tp, "pp": pp, "virtual": args.virtual, "cp": cp,
                        "sequence_parallel": args.sequence_parallel, "micro_batches": m,
@@ -139,7 +143,8 @@ def render(r: dict) -> None:
     chunks = f" (v {d['virtual']})" if d["virtual"] > 1 else ""
     where = (f"dp {d['dp']} x tp {d['tp']}{' + sp' if d['sequence_parallel'] else ''} x pp "
              f"{d['pp']}{chunks} x cp "
-             f"{d['cp']}; {d['micro_batches']} micro-batches of {d['micro_batch']}, "
+             f"{d['cp']}; {plural(d['micro_batches'], 'micro-batch', 'micro-batches')} of "
+             f"{d['micro_batch']}, "
              f"{d['schedule']}; recompute {r['recompute']}")
     k = r.get("korthikanti")
     if k:
@@ -149,8 +154,9 @@ def render(r: dict) -> None:
         a = r["activations"]
         table(f"activations on the first stage: {where}", ["", "bytes"],
               [["one layer", hb(a["per_layer"]["total"])],
-               [f"x {a['layers_on_stage']} layers x {a['in_flight']:.4g} micro-batches in "
-                "flight", hb(a["stored"])],
+               [f"x {plural(a['layers_on_stage'], 'layer')} x "
+                f"{plural(a['in_flight'], 'micro-batch', 'micro-batches')} "
+                "in flight", hb(a["stored"])],
                ["+ the layer being recomputed", hb(a["working_layer"])],
                ["total", hb(a["total"])]])
     cols = ["", "parameters", "gradients", "optimizer", "gathered layer", "device total",

@@ -170,28 +170,28 @@ def _row(r: dict) -> list:
 
 
 def render(r: dict) -> None:
-    from jaxscale.report import plural
+    from jaxscale.report import plural, say
 
     j, dev = r["job"], r["job"]["device"]
     s = j["shape"]
-    print(f"plan: {s['params']:.4g} parameters counted by the cost model (matmul weights and "
-          f"embeddings; {r['shape_source']}); batch "
-          f"{plural(j['batch'], 'sequence')} x {plural(s['seq'], 'token')}; "
-          f"{plural(j['devices'], 'device')} {dev['name']} ({dev['peak'] / 1e12:g} TFLOP/s "
-          f"bf16 x efficiency {j['efficiency']:g}, {human_bytes(dev['memory'])}, "
-          f"{100 * j['usable']:.0f}% usable) in nodes of {dev['node_size']}; links "
-          f"{dev['intra'] / 1e9:g} GB/s inside a node, {dev['inter'] / 1e9:g} GB/s between, "
-          f"one way; budget {j['budget']}")
+    say(f"plan: {s['params']:.4g} parameters counted by the cost model (matmul weights and "
+        f"embeddings; {r['shape_source']}); batch "
+        f"{plural(j['batch'], 'sequence')} x {plural(s['seq'], 'token')}; "
+        f"{plural(j['devices'], 'device')} {dev['name']} ({dev['peak'] / 1e12:g} TFLOP/s "
+        f"bf16 x efficiency {j['efficiency']:g}, {human_bytes(dev['memory'])}, "
+        f"{100 * j['usable']:.0f}% usable) in nodes of {dev['node_size']}; links "
+        f"{dev['intra'] / 1e9:g} GB/s inside a node, {dev['inter'] / 1e9:g} GB/s between, "
+        f"one way; budget {j['budget']}")
     if r.get("params_note"):
-        print(f"  note: {r['params_note']}")
+        say(f"note: {r['params_note']}", "  ")
     rl = r["roofline"]
-    print(f"  roofline: {rl['tokens_per_device']:,.0f} tokens per device per step; a bf16 "
-          f"matmul is compute-bound above {rl['matmul_critical_tokens']:,.0f} tokens (peak / "
-          f"HBM bandwidth); data parallelism hides its reduction behind compute above "
-          f"{rl['dp_critical_tokens_intra']:,.0f} tokens per device inside a node, "
-          f"{rl['dp_critical_tokens_inter']:,.0f} across nodes (peak / link bandwidth)")
+    say(f"roofline: {rl['tokens_per_device']:,.0f} tokens per device per step; a bf16 "
+        f"matmul is compute-bound above {rl['matmul_critical_tokens']:,.0f} tokens (peak / "
+        f"HBM bandwidth); data parallelism hides its reduction behind compute above "
+        f"{rl['dp_critical_tokens_intra']:,.0f} tokens per device inside a node, "
+        f"{rl['dp_critical_tokens_inter']:,.0f} across nodes (peak / link bandwidth)", "  ")
     for i, rule in enumerate(r["rules"], 1):
-        print(f"  rule {i}: {rule}")
+        say(f"rule {i}: {rule}", "  ")
     best = r["recommended"]
     if best:
         table("recommended (memory and bytes sent per device per step, GB = 1e9; seconds "
@@ -203,8 +203,8 @@ def render(r: dict) -> None:
         n = len(r["alternatives"])
         table(f"the next {plural(n, 'layout')} of the {r['fitting']:,} that fit", COLUMNS,
               [_row(x) for x in r["alternatives"]])
-    print(f"{plural(r['considered'], 'mesh', 'meshes')} (dp x tp x pp x cp) considered, "
-          f"{sum(r['rejected'].values()):,} rejected (no option on them survives)")
+    say(f"{plural(r['considered'], 'mesh', 'meshes')} (dp x tp x pp x cp) considered, "
+        f"{sum(r['rejected'].values()):,} rejected (no option on them survives)")
     if r["rejected"]:
         table("rejected meshes by the last rule their options broke", ["reason", "meshes"],
               sorted(([k, v] for k, v in r["rejected"].items()), key=lambda kv: -kv[1]))

@@ -16,7 +16,7 @@ from jaxscale.cli.main import _number
 from jaxscale.parallel import schedules as sched
 from jaxscale.parallel.gantt import gantt_png
 from jaxscale.cli.paths import output_file
-from jaxscale.report import plural
+from jaxscale.report import figure_formats, plural
 
 # Each option's bound, and one on their product: p x m x v forwards (and as many backwards)
 # to simulate. 64 stages, 1,024 micro-batches and 16 chunks each are beyond common practice;
@@ -49,11 +49,18 @@ def register(subparsers) -> None:
                    metavar="T", help="time of one stage's forward (default 1)")
     p.add_argument("--backward-cost", type=_number(float, 0, exclusive=True), default=2.0,
                    metavar="T", help="time of one stage's backward (default 2)")
-    p.add_argument("--png", type=output_file, default=None, metavar="FILE",
-                   help="also write a Gantt chart PNG to FILE (its folder must exist)")
+    p.add_argument("--png", type=_figure_file, default=None, metavar="FILE",
+                   help="also write a Gantt chart to FILE (its folder must exist; .png, or "
+                        "another format matplotlib writes: .svg, .pdf, ...)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object with every figure instead of the chart")
     p.set_defaults(run=_cmd_schedule)
+
+
+def _figure_file(text: str):
+    """argparse type: an output file in a format matplotlib writes (matplotlib is imported
+    only when --png is given)."""
+    return output_file(text, figure_formats())
 
 
 def _show(x: Fraction) -> str:

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 
+from jaxscale.cli.commands import train_notes
 from jaxscale.cli.main import EXIT_FAILED, EXIT_INTERRUPTED, _error
 from jaxscale.runtime.compile_cache import enable_compilation_cache
 from jaxscale.runtime.processes import SUPERVISED_ENV
@@ -45,7 +46,7 @@ def _checkpoint_options(args):
     if args.accept_lr_change and not args.resume:
         raise CheckpointError("--accept-lr-change only applies with --resume")
     keep = CheckpointOptions.keep if args.keep is None else args.keep
-    options = CheckpointOptions(args.checkpoint_dir, every=args.checkpoint_every,
+    options = CheckpointOptions(str(args.checkpoint_dir), every=args.checkpoint_every,
                                 keep=keep, async_save=args.async_checkpoint,
                                 resume=args.resume, accept_lr_change=args.accept_lr_change)
     options.validate()
@@ -78,19 +79,9 @@ def _setup_devices(args):
     return meshlib.make_mesh(shape)  # sizes must match the (global) devices
 
 
-def run(args) -> int:
-    import dataclasses
-
-    import jax
-
-    from jaxscale.training.checkpoint.manager import CheckpointWriteError
-    from jaxscale.cli.runtime_options import resolve_attention
-    from jaxscale.runtime.processes import is_main
-    from jaxscale.report import plural
-    from jaxscale.training.faults import parse_faults
-    from jaxscale.training.config import TrainConfig, TrainConfigError
-    from jaxscale.training.result import TrainInterrupted
-    from jaxscale.training.loop import train
+def _config(args):
+    """The TrainConfig the options describe (not yet validated)."""
+    from jaxscale.training.config import TrainConfig
 
     several = args.num_processes is not None and args.num_processes > 1
     if args.mesh is None and several and args.devices is not None:
@@ -107,6 +98,24 @@ def run(args) -> int:
                       spike_policy=args.spike_policy, spike_z=args.spike_z,
                       spike_window=args.spike_window,
                       rollback_lr_factor=args.rollback_lr_factor)
+    return cfg
+
+
+def run(args) -> int:
+    import dataclasses
+
+    import jax
+
+    from jaxscale.training.checkpoint.manager import CheckpointWriteError
+    from jaxscale.cli.runtime_options import resolve_attention
+    from jaxscale.runtime.processes import is_main
+    from jaxscale.report import plural
+    from jaxscale.training.faults import parse_faults
+    from jaxscale.training.config import TrainConfig, TrainConfigError
+    from jaxscale.training.result import TrainInterrupted
+    from jaxscale.training.loop import train
+
+    cfg = _config(args)
     if args.halt_after is not None and args.halt_after >= cfg.steps:
         raise TrainConfigError(f"--halt-after {args.halt_after} must be below --steps "
                                f"{cfg.steps}; it stops the run early")
@@ -114,7 +123,7 @@ def run(args) -> int:
     if checkpoint is not None and checkpoint.resume and args.micro_batches is None:
         cfg = _elastic(cfg, checkpoint.directory)
     cfg.validate()
-    faults = parse_faults(args.inject)
+    faults = parse_faults(args.inject, cfg.steps)
     if args.max_restarts is not None and not os.environ.get(SUPERVISED_ENV):
         return _supervise(args, checkpoint)
     if checkpoint is not None and checkpoint.resume:
@@ -133,6 +142,8 @@ def run(args) -> int:
     def log(msg, kind="warning"):
         print(f"jaxscale: {kind}: {msg}", file=sys.stderr)
 
+    train_notes.before_run(args, cfg, log)
+
     main = is_main()  # several processes: only process 0 prints
     try:
         result = train(cfg, out_dir=args.out, progress=not args.json, log=log,
@@ -147,6 +158,8 @@ def run(args) -> int:
         print(f"jaxscale: interrupted after {plural(e.result.steps_run, 'step')} of "
               f"{cfg.steps:,}; metrics so far and a partial result.json "
               f"(\"interrupted\": true) in {args.out}/", file=sys.stderr)
+        if checkpoint is not None:
+            print(train_notes.resume_hint(args.argv, checkpoint.directory), file=sys.stderr)
         return EXIT_INTERRUPTED
     if not main:
         return EXIT_FAILED if result.nonfinite_step is not None else 0
@@ -227,7 +240,7 @@ def _print_summary(r, out) -> None:
         ("steps", f"{r.steps_run:,} ({plural(r.tokens_seen, 'target token')})"),
         ("final training loss", f"{r.loss_curve[-1]:.4f} nats/token"),
         ("validation loss", f"{r.val_loss:.4f} nats/token" if math.isfinite(r.val_loss)
-         else "not measured (the loss diverged)"),
+         else f"not measured ({train_notes.no_validation(r)})"),
         ("entropy floor (exact)", f"{r.entropy_floor:.4f} nats/token"),
         ("gap to floor", f"{r.gap:.4f} nats" if math.isfinite(r.gap) else "-"),
         ("compile (first step)", f"{r.compile_s:.2f} s"),

@@ -4,6 +4,8 @@ its checkpoint saves, so that a test places its kills where they matter instead 
 random instants.
 
     JAXSCALE_CHECKPOINT_CRASH=PHASE@N     die at PHASE of this process's N-th save
+    JAXSCALE_CHECKPOINT_CRASH=PHASE@N:INT press Ctrl-C there instead (SIGINT: the save
+                                          must finish, then the run stop cleanly)
 
     start     the save has begun (the state's digests dispatched), nothing written yet
     writing   Orbax is writing the step: its temporary directory exists (a watcher thread
@@ -32,6 +34,7 @@ PHASES = ("start", "writing", "written")
 class CrashPoint:
     phase: str
     save: int  # 1 = this process's first save
+    signal: int = signal.SIGKILL
 
     def due(self, phase: str, save: int) -> bool:
         return (phase, save) == (self.phase, self.save)
@@ -43,23 +46,24 @@ def from_env() -> CrashPoint | None:
     spec = os.environ.get(ENV, "")
     if not spec:
         return None
-    phase, _, n = spec.partition("@")
-    if phase not in PHASES or not n.isdigit() or int(n) < 1:
-        raise CheckpointError(f"{ENV}={spec!r}: give PHASE@N, PHASE one of "
+    point, _, how = spec.partition(":")
+    phase, _, n = point.partition("@")
+    if phase not in PHASES or not n.isdigit() or int(n) < 1 or how not in ("", "INT"):
+        raise CheckpointError(f"{ENV}={spec!r}: give PHASE@N or PHASE@N:INT, PHASE one of "
                               f"{', '.join(PHASES)} and N >= 1 (the N-th save)")
-    return CrashPoint(phase, int(n))
+    return CrashPoint(phase, int(n), signal.SIGINT if how else signal.SIGKILL)
 
 
-def die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+def die(sig: int = signal.SIGKILL) -> None:
+    os.kill(os.getpid(), sig)
 
 
-def die_while_writing(directory: Path) -> None:
-    """SIGKILL this process as soon as a temporary step directory appears in `directory`
-    (polled every half millisecond by a daemon thread)."""
+def die_while_writing(directory: Path, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to this process as soon as a temporary step directory appears in
+    `directory` (polled every half millisecond by a daemon thread)."""
     def watch():
         while not (directory.is_dir()
                    and any(TMP_MARK in p.name for p in directory.iterdir())):
             time.sleep(0.0005)
-        die()
+        die(sig)
     threading.Thread(target=watch, name="jaxscale-crash-point", daemon=True).start()

@@ -45,6 +45,7 @@ from jaxscale.training.checkpoint import crash
 from jaxscale.training.checkpoint.meta import versions
 from jaxscale.training.checkpoint.tensors import digest, flat_items, unflat_items
 from jaxscale.parallel.canonical import canonical_sharding
+from jaxscale.runtime.signals import interrupts_held
 
 
 class CheckpointWriteError(RuntimeError):
@@ -148,12 +149,19 @@ class Checkpointer:
 
     def save(self, step: int, canonical_state, meta: dict) -> float:
         """Save `canonical_state` (a plan's `to_canonical` output) as `step`; the seconds
-        training was held up (async: the copy to host memory and the digest)."""
-        ocp = self._ocp
+        training was held up (async: the copy to host memory and the digest). A Ctrl-C
+        meanwhile is held until the step is written (sync) or handed to Orbax (async), then
+        raised: the save is never cut in half."""
         t0 = time.perf_counter()
         items = flat_items(canonical_state)
         items.update(digest(items))  # dispatched; computed on the devices, not waited for
         meta = {**meta, "format": FORMAT, "step": step, "versions": versions()}
+        with interrupts_held(f"the checkpoint of step {step}", self.log):
+            self._save(step, items, meta)
+        return time.perf_counter() - t0
+
+    def _save(self, step: int, items: dict, meta: dict) -> None:
+        ocp = self._ocp
         try:  # the previous asynchronous save first: its failure is its own
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001
@@ -171,18 +179,17 @@ class Checkpointer:
         self._crash_point("written")
         if not self.options.async_save:
             self._record_files()
-        return time.perf_counter() - t0
 
     def _crash_point(self, phase: str) -> None:
         """Die here if $JAXSCALE_CHECKPOINT_CRASH names this phase of this save (tests)."""
         if self._crash is None:
             return
         if phase == "start" and self._crash.due("writing", self._saves):
-            crash.die_while_writing(self.directory)
+            crash.die_while_writing(self.directory, self._crash.signal)
         elif self._crash.due(phase, self._saves):
             if phase == "written":
                 self.manager.wait_until_finished()
-            crash.die()
+            crash.die(self._crash.signal)
 
     def restore(self, canonical, config: dict):
         """(step, canonical state on this plan's devices, meta) of the latest checkpoint
@@ -258,7 +265,8 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for a save in flight, then release Orbax's threads."""
         try:
-            self.wait()
+            with interrupts_held(f"the checkpoint of step {self._last_saved}", self.log):
+                self.wait()
         finally:
             self.manager.close()
 

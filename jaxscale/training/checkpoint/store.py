@@ -118,6 +118,19 @@ def empty_trash(directory) -> None:
         shutil.rmtree(child, ignore_errors=True)
 
 
+def remove_step(directory, path) -> None:
+    """Delete one step's directory (`jaxscale checkpoint prune / rm`) the way the saver's
+    old steps go: renamed into `TRASH` in one atomic step (what Orbax does with a step past
+    `keep`), then removed by `empty_trash`, so that no kill leaves half a step listed."""
+    trash = Path(directory) / TRASH
+    trash.mkdir(exist_ok=True)
+    name = Path(path).name
+    target = next(trash / f"{name}{f'.{n}' if n else ''}" for n in range(10**6)
+                  if not (trash / f"{name}{f'.{n}' if n else ''}").exists())
+    os.replace(path, target)
+    empty_trash(directory)
+
+
 def dir_bytes(path: Path) -> int:
     """Bytes of every file below `path`."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
