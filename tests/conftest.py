@@ -33,6 +33,10 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 os.environ["MPLCONFIGDIR"] = str(ROOT / ".cache" / "matplotlib")
 os.environ["JAXSCALE_DISTRIBUTED"] = "off"  # run under SLURM or on a TPU VM: never join it
+# Tables as wide as off a terminal (report.OFF_TERMINAL_WIDTH), whatever terminal or COLUMNS
+# the suite is started from: tests that read a table's cells must not see them folded (the
+# tests of narrow terminals set COLUMNS themselves). Child processes inherit it.
+os.environ["COLUMNS"] = "200"
 
 import functools  # noqa: E402
 

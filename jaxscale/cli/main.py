@@ -147,7 +147,8 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
     default already (flags, whose default is off, and options without one are left alone)."""
     for a in parser._actions:
         if (not a.option_strings or a.help == argparse.SUPPRESS or a.nargs == 0
-                or a.default in (None, argparse.SUPPRESS) or "default" in (a.help or "")):
+                or a.default in (None, argparse.SUPPRESS, "") or a.default in ((), [])
+                or "default" in (a.help or "")):
             continue
         shown = str(a.default).replace("%", "%%")  # help strings are %-formatted
         a.help = f"{a.help} (default {shown})" if a.help else f"default {shown}"
@@ -167,6 +168,8 @@ def _check_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     command = next((t for t in argv if not t.startswith("-")), None)
     if sub is None or command not in sub.choices:
         return
+    if any(a.nargs == argparse.REMAINDER for a in sub.choices[command]._actions):
+        return  # launch: what follows its options is another command's, checked by it
     known = _options(sub.choices[command])
     for token in argv[argv.index(command) + 1:]:
         if token == "--":

@@ -69,13 +69,14 @@ def output_file(text: str, extensions: tuple[str, ...] = ()) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("the output file name must not be empty")
     path = Path(text).expanduser()
-    suffix = path.suffix.lower().lstrip(".")
-    if extensions and suffix not in extensions:
-        got = f"its extension {path.suffix!r}" if suffix else "it has no extension"
-        raise argparse.ArgumentTypeError(f"{text!r}: {got} is not a format that can be written; "
-                                         f"end the name in one of .{', .'.join(extensions)}")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; name a file inside it")
+    suffix = path.suffix.lower().lstrip(".")
+    if extensions and suffix not in extensions:
+        got = (f"its extension {path.suffix!r} is not a format that can be written" if suffix
+               else "it has no extension")
+        raise argparse.ArgumentTypeError(f"{text!r}: {got}; end the name in one of "
+                                         f".{', .'.join(extensions)}")
     parent = path.parent
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"the folder {str(parent)!r} of {text!r} does not "

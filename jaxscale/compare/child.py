@@ -46,11 +46,14 @@ class Child:
         self.stderr = threading.Thread(target=_forward, args=(self.proc.stderr, self.tail),
                                        daemon=True)
         self.stderr.start()
-        self.proc.stdin.write(json.dumps(spec) + "\n")
-        if keep_stdin:
-            self.proc.stdin.flush()
-        else:
-            self.proc.stdin.close()
+        try:  # a worker that died at once is reported by its stdout's end, as in send()
+            self.proc.stdin.write(json.dumps(spec) + "\n")
+            if keep_stdin:
+                self.proc.stdin.flush()
+            else:
+                self.proc.stdin.close()
+        except OSError:
+            pass
 
     def send(self, **command) -> None:
         """One command line; a worker that died meanwhile is reported by its stdout's end."""

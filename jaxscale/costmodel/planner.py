@@ -153,19 +153,23 @@ def check(job: Job) -> None:
 def _check_fixed_mesh(job: Job) -> None:
     """A degree fixed twice, or mesh degrees that cannot multiply to the device count,
     would leave no mesh to consider: refused here, by name."""
-    names = [k for k, _ in job.fixed]
-    twice = sorted({k for k in names if names.count(k) > 1})
+    values: dict[str, set[int]] = {}
+    for k, x in job.fixed:
+        values.setdefault(k, set()).add(x)
+    twice = sorted(k for k, xs in values.items() if len(xs) > 1)
     if twice:
-        raise cm.CostModelError(f"--fix gives {twice[0]} twice; fix each degree once")
+        shown = " and ".join(f"{twice[0]}={x}" for x in sorted(values[twice[0]]))
+        raise cm.CostModelError(f"--fix gives {shown}; fix each degree once")
     mesh = {k: x for k, x in job.fixed if k in ("dp", "tp", "pp", "cp")}
     for k, x in mesh.items():
         if job.devices % x:
             raise cm.CostModelError(f"cannot fix {k}={x}: it must divide the {job.devices} "
                                     f"devices; choose {k} from {divisors(job.devices)}")
     product = math.prod(mesh.values())
-    if job.devices % product:
+    if job.devices % product or (len(mesh) == 4 and product != job.devices):
         shown = " x ".join(f"{k}={x}" for k, x in mesh.items())
-        raise cm.CostModelError(f"cannot fix {shown}: their product {product} must divide "
+        must = "equal" if len(mesh) == 4 else "divide"
+        raise cm.CostModelError(f"cannot fix {shown}: their product {product} must {must} "
                                 f"the {job.devices} devices")
     if mesh.get("cp", 1) > job.max_cp:
         raise cm.CostModelError(f"cannot fix cp={mesh['cp']}: the planner considers cp up "

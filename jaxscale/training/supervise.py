@@ -81,13 +81,15 @@ def describe(returncode: int) -> str:
 
 
 def supervise(argv: list[str], checkpoint_dir: str, max_restarts: int, resume: bool = False,
-              log=None, program: list[str] | None = None) -> Supervised:
+              log=None, program: list[str] | None = None,
+              as_json: bool | None = None) -> Supervised:
     """Run `python -m jaxscale ARGV` (or `program` ARGV) until it ends well, restarting it at
     most `max_restarts` times (see the module docstring). `resume`: ARGV already resumes."""
 
     log = log or (lambda msg: print(f"jaxscale: note: {msg}", file=sys.stderr))
     program = program or [sys.executable, "-m", "jaxscale"]
-    as_json = "--json" in argv  # the child's JSON is read, to add the job's wall time
+    if as_json is None:  # the child's JSON is read, to add the job's wall time
+        as_json = "--json" in argv
     env = {**os.environ, SUPERVISED_ENV: "1"}
     out = Supervised(0)
     interrupted = False

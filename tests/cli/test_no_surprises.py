@@ -26,7 +26,8 @@ PLAN = ["plan", "--params", "7e9", "--devices", "8"]
     (["comm", "--params", "7e9", "--pp", "2", "--recompute"], ["--pp and --recompute need"]),
     # item 7: --fix values no mesh can take; the device limit; why pp x virtual fails
     ([*PLAN, "--fix", "dp=3"], ["dp=3", "divide the 8 devices", "[1, 2, 4, 8]"]),
-    ([*PLAN, "--fix", "dp=1,dp=2"], ["dp twice"]),
+    ([*PLAN, "--fix", "dp=1,dp=2"], ["dp=1 and dp=2"]),
+    ([*PLAN, "--fix", "dp=1,tp=2,pp=2,cp=1"], ["product 4 must equal the 8 devices"]),
     ([*PLAN, "--fix", "tp=128"], ["tp=128", "divide the 8 devices"]),
     ([*PLAN, "--fix", "dp=4,tp=4"], ["product 16", "8 devices"]),
     (["compare", "--devices", "100000"], ["100000 forced CPU devices", "at most 512"]),
@@ -45,6 +46,8 @@ def test_refused_in_one_line_before_any_work(fail, argv, words):
 def test_plan_near_a_published_shape_still_plans_it(cli):
     r = cli("plan", "--params", "5e9", "--devices", "8", "--json")
     assert "Llama-2-7B" in r["shape_source"] and r["recommended"]
+    r = cli("plan", "--params", "7e9", "--devices", "8", "--fix", "dp=1,dp=1", "--json")
+    assert all(x["layout"]["dp"] == 1 for x in [r["recommended"], *r["alternatives"]])
 
 
 def test_async_saves_slower_than_sync_ones_are_noted(cli):

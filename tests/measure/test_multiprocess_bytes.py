@@ -169,7 +169,7 @@ def test_the_cross_process_column_shows_measured_and_predicted(capsys):
     i = cols.index("cross-proc/step")
     assert cols[i + 1] == "pred" and cols[i - 2:i] == ["sent/step", "pred"]
     quarter = report._bytes(all_reduce / 4)
-    assert rows[1][i:i + 2] == [quarter, quarter] and rows[0][i:i + 2] == ["0", "0"]
+    assert rows[1][i:i + 2] == [quarter, quarter] and rows[0][i:i + 2] == ["0 B", "0 B"]
     assert rows[2][:4] == ["3d", "dp=2 tp=2 pp=2", "-", "FAILED"] and len(rows[2]) == len(cols)
     md = report.markdown(result)
     assert "| cross-proc/step | pred |" in md and "8 devices in 2 processes" in md

@@ -110,5 +110,5 @@ def test_three_d_bytes_per_axis_from_the_hlo_match_the_schedule(devices):
 def test_bad_pipeline_plans_are_refused():
     with pytest.raises(PlanError, match="multiple of the stages"):
         Plan(pp=4, micro_batches=2, schedule="interleaved", virtual=2).validate()
-    with pytest.raises(PlanError, match="pp x virtual = 4 x 1 must divide the 2 layers"):
+    with pytest.raises(PlanError, match="pp x virtual = 4 x 1 = 4 chunks must divide the 2 layers"):
         build_train_step(model_config.preset("tiny"), Plan(pp=4), optim.sgd(1.0))

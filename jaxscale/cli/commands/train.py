@@ -208,7 +208,8 @@ def _supervise(args, checkpoint) -> int:
     if args.num_processes is not None or args.coordinator is not None:
         raise CheckpointError("--max-restarts supervises one process; it cannot be combined "
                               "with --num-processes or --coordinator")
-    done = supervise(args.argv, checkpoint.directory, args.max_restarts, args.resume)
+    done = supervise(args.argv, checkpoint.directory, args.max_restarts, args.resume,
+                     as_json=args.json)
     if done.restarts and not args.json:
         print(f"jaxscale: {plural(done.restarts, 'restart')} (" + ", ".join(
             describe(a.returncode) for a in done.attempts[:-1]) + ")", file=sys.stderr)

@@ -4,6 +4,8 @@ validation loss, and after a Ctrl-C the command that resumes from the last compl
 checkpoint."""
 from __future__ import annotations
 
+import os
+
 
 def before_run(args, cfg, log) -> None:
     """What the run does that the command line did not say: devices left idle, a warm-up
@@ -37,9 +39,12 @@ def resume_hint(argv: list[str], directory: str) -> str:
     steps = complete_steps(directory)
     if not steps:
         return f"jaxscale: no complete checkpoint in {directory} yet; the run starts over"
+    done = f"jaxscale: the checkpoint of step {steps[-1]:,} is complete"
+    if os.environ.get("JAXSCALE_LAUNCHED"):  # argv is one process's, placed by the launcher
+        return (f"{done}; resume with the same `jaxscale launch ...` command, --resume "
+                "added to train's options")
     again = argv if "--resume" in argv else [*argv, "--resume"]
-    return (f"jaxscale: the checkpoint of step {steps[-1]:,} is complete; resume with: "
-            f"{shlex.join(['jaxscale', *again])}")
+    return f"{done}; resume with: {shlex.join(['jaxscale', *again])}"
 
 
 def no_validation(r) -> str:

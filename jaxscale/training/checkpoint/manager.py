@@ -264,8 +264,9 @@ class Checkpointer:
 
     def close(self) -> None:
         """Wait for a save in flight, then release Orbax's threads."""
-        try:
-            with interrupts_held(f"the checkpoint of step {self._last_saved}", self.log):
+        try:  # the run is ending: a Ctrl-C here must not hide its result or its error
+            with interrupts_held(f"the checkpoint of step {self._last_saved}", self.log,
+                                 reraise=False):
                 self.wait()
         finally:
             self.manager.close()
