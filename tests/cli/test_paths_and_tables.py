@@ -21,15 +21,6 @@ from jaxscale.cli.main import main
 UNWRITABLE = "/proc/jaxscale-probe/out"  # /proc takes no new files, even from root
 
 
-def _refused(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc")
 @pytest.mark.parametrize("argv", [
     ["train", "--out", UNWRITABLE],
@@ -39,24 +30,24 @@ def _refused(capsys, argv) -> str:
     ["data", "clean", "--docs", "10", "--out", UNWRITABLE],
     ["schedule", "--png", "/proc/gantt.png"],
 ])
-def test_an_unwritable_output_is_refused_before_any_work(capsys, argv):
-    err = _refused(capsys, argv)
+def test_an_unwritable_output_is_refused_before_any_work(fail, argv):
+    err = fail(*argv)
     assert "cannot write" in err and "'/proc'" in err, err
 
 
 @pytest.mark.parametrize("option", [["train", "--profile"], ["bench", "--profile"],
                                     ["train", "--checkpoint-dir"], ["compare", "--out"]])
-def test_a_file_where_a_folder_is_wanted_is_refused(capsys, tmp_path, option):
+def test_a_file_where_a_folder_is_wanted_is_refused(fail, tmp_path, option):
     (tmp_path / "f").write_text("x")
-    err = _refused(capsys, [*option, str(tmp_path / "f")])
+    err = fail(*option, str(tmp_path / "f"))
     assert "is an existing file, not a folder" in err, err
     assert (tmp_path / "f").read_text() == "x" and os.listdir(tmp_path) == ["f"]
 
 
-def test_png_takes_only_formats_matplotlib_writes(capsys, tmp_path):
-    err = _refused(capsys, ["schedule", "--png", str(tmp_path / "s.txt")])
+def test_png_takes_only_formats_matplotlib_writes(fail, tmp_path):
+    err = fail("schedule", "--png", str(tmp_path / "s.txt"))
     assert "'.txt'" in err and ".png" in err and ".svg" in err, err
-    err = _refused(capsys, ["schedule", "--png", str(tmp_path / "s")])
+    err = fail("schedule", "--png", str(tmp_path / "s"))
     assert "no extension" in err, err
     assert not any(tmp_path.iterdir())
     assert {"png", "svg", "pdf"} <= set(report.figure_formats())
@@ -68,8 +59,8 @@ def test_the_probe_leaves_nothing_behind(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
-def test_checkpoint_ls_of_an_unreadable_folder_is_one_line(capsys):
-    err = _refused(capsys, ["checkpoint", "ls", "/proc"])
+def test_checkpoint_ls_of_an_unreadable_folder_is_one_line(fail):
+    err = fail("checkpoint", "ls", "/proc")
     assert "/proc" in err, err
 
 
