@@ -233,7 +233,6 @@ def _start_outputs(out: Path) -> None:
 
 def _write_json(path: Path, obj) -> None:
     """Write whole or not at all: a reader never sees half a file."""
+    from jaxscale.runtime.outputs import write_text_atomically
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    write_text_atomically(path, json.dumps(obj, indent=1))
