@@ -11,7 +11,7 @@ from jaxscale import costmodel as cm
 from jaxscale.compare.strategies import CompareError
 from jaxscale.model import config as model_config
 from jaxscale.model import transformer as modellib
-from jaxscale.parallel.hybrid import param_specs
+from jaxscale.parallel.hybrid import param_specs, splits_kv_heads
 from jaxscale.parallel.layouts import Replicated
 from jaxscale.parallel.mesh_layouts import local_shapes
 from jaxscale.parallel.pipeline import tick_table
@@ -22,14 +22,23 @@ from jaxscale.parallel.zero_layout import ZERO_LAYOUTS
 
 def params_per_device(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:
     """Closed form: parameters one device holds before ZeRO (tp splits the heads and the
-    MLP width, pp the layers; embeddings, LayerNorms and output biases are replicated)."""
-    d, f, L = cfg.d_model, cfg.d_ff, cfg.n_layers
-    split = 4 * d * d + 3 * d + 2 * d * f + f  # Q, K, V, O, their biases, W1, b1, W2
-    replicated = 6 * d  # bo, b2, two LayerNorms
-    top = cfg.vocab_size * d + cfg.seq_len * d + 2 * d
-    return {"top": top, "blocks": L / plan.pp * (split / plan.tp + replicated),
-            "split": L / plan.pp * split / plan.tp,  # what tp splits
-            "total": top + L / plan.pp * (split / plan.tp + replicated)}
+    MLP width, pp the layers; embeddings, norms and output biases are replicated, and so
+    are grouped-query attention's K and V where tp does not divide their heads).
+    "kv_replicated": those K and V parameters (and biases) of the layers here, if any."""
+    d, f, L, tp = cfg.d_model, cfg.d_ff, cfg.n_layers, plan.tp
+    b, n_mlp = int(cfg.bias), (3 if cfg.mlp == "swiglu" else 2)
+    norm = d * (1 + (cfg.norm == "layernorm" and cfg.bias))  # a scale (+ a bias)
+    kv = 2 * d * cfg.kv_heads * cfg.head_dim + b * 2 * cfg.kv_heads * cfg.head_dim
+    kv_split = splits_kv_heads(cfg.kv_heads, tp)
+    # Q, O, bq; W1 (and W3), W2, b1 (and b3); K, V and their biases when tp splits them
+    split = 2 * d * d + b * d + n_mlp * d * f + b * (n_mlp - 1) * f + (kv if kv_split else 0)
+    replicated = b * 2 * d + 2 * norm + (0 if kv_split else kv)  # bo, b2, two norms
+    top = (cfg.vocab_size * d * (1 if cfg.tied_head else 2) + norm
+           + (cfg.seq_len * d if cfg.position == "learned" else 0))
+    return {"top": top, "blocks": L / plan.pp * (split / tp + replicated),
+            "split": L / plan.pp * split / tp,  # what tp splits
+            "kv_replicated": 0 if kv_split else L / plan.pp * kv,
+            "total": top + L / plan.pp * (split / tp + replicated)}
 
 
 def predictable(plan: Plan) -> bool:
@@ -77,7 +86,11 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
         add("all-reduce", ring(split, cp), "cp")
     if cp > 1:
         # ring attention: per layer, cp - 1 hops of k and v forward, of their gradients back
-        kv = 2 * rows * (s // cp) * cfg.d_model // tp * 4
+        # (k and v as the device's query heads read them: its kv heads where tp splits
+        # them, else one picked per query head)
+        width = (cfg.kv_heads * cfg.head_dim if splits_kv_heads(cfg.kv_heads, tp)
+                 else cfg.d_model)
+        kv = 2 * rows * (s // cp) * width // tp * 4
         add("collective-permute", 2 * (cp - 1) * kv * cfg.n_layers * m, "cp")
     layers_here = cfg.n_layers // plan.pp
     if tp > 1 and plan.sequence_parallel:
@@ -88,6 +101,9 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
     elif tp > 1:  # 2 all-reduces per layer forward, 2 backward (+2: a pipeline recomputes)
         per_micro = (6 if plan.pp > 1 else 4) * layers_here
         add("all-reduce", ring(per_micro * m * act, tp), "tp")
+        # K and V whole on every tp device: each computes the gradient of the heads its
+        # query heads read, summed over tp once per step (ZeRO: on the dp slices)
+        add("all-reduce", ring(4 * psi["kv_replicated"] / (k if z else 1), tp), "tp")
     if cfg.document_mask and (cp > 1 or plan.sequence_parallel):
         g = cp * (tp if plan.sequence_parallel else 1)  # every token's document id, int32
         add("all-gather", m * (g - 1) / g * rows * s * 4, "cp" if cp > 1 else "tp")
@@ -106,7 +122,8 @@ def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]
     abstract = modellib.abstract(cfg)
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
     if plan.tp > 1 or plan.pp > 1:  # each device's shards; a pipeline: one chunk's layers
-        shapes = local_shapes(shapes, param_specs(modellib.logical_axes(abstract), plan), plan)
+        shapes = local_shapes(shapes, param_specs(modellib.logical_axes(abstract), plan,
+                                                    cfg.kv_heads), plan)
         chunk = cfg.n_layers // (plan.pp * plan.virtual)
         shapes = {**shapes, "blocks": jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((chunk, *x.shape[1:]), x.dtype), shapes["blocks"])}

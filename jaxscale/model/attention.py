@@ -13,7 +13,9 @@ the kernels that compute it. One function, three implementations (KERNELS):
 
 All three take q, k, v as [batch, T, heads, head_dim], the layout the model's projections
 produce: tensor parallelism splits the heads axis, and each device runs its own heads
-through whichever kernel.
+through whichever kernel. k and v may have fewer heads than q (grouped-query attention,
+Ainslie et al. 2023: query head j reads k/v head j // (heads / kv_heads)); the einsum
+kernel repeats them (`repeat_kv`), the fused ones take them as they are.
 """
 from __future__ import annotations
 
@@ -47,10 +49,18 @@ def check_kernel(kernel: str, platform: str | None = None, compute_dtype=None) -
                           "policy, or attention xla")
 
 
+def repeat_kv(x, heads: int):
+    """k or v [B, T, kv, K] with each head repeated for its group of query heads:
+    [B, T, heads, K] (unchanged when kv == heads)."""
+    kv = x.shape[2]
+    return x if kv == heads else jnp.repeat(x, heads // kv, axis=2)
+
+
 def causal_attention(q, k, v, segments=None):
     """softmax(q k^T / sqrt(head_dim), causal) v for q, k, v [B, T, heads, head_dim], written
     out: the reference the fused kernels are checked against. `segments` [B, T]: each
     token's document; a query then sees only the earlier keys of its own document."""
+    k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
     scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(q.shape[-1])
     t = q.shape[1]
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))

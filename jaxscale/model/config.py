@@ -1,10 +1,13 @@
 """The model's shape (`ModelConfig`), the named presets, and its closed-form parameter count.
 
-Plain data: building the model from a config is `model.transformer`'s job.
+Plain data: building the model from a config is `model.transformer`'s job. One model, two
+families: GPT-2's blocks (LayerNorm with biases, GELU MLP, learned positions, the output
+head tied to the embedding), the garden presets' default, and Llama's (RMSNorm, SwiGLU MLP,
+rotary positions, grouped-query attention, an untied head, no biases). Each difference is
+its own field, so any mix is a model too.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from jaxscale import garden
@@ -27,23 +30,94 @@ class ModelConfig:
     init_std: float = 0.02
     # packed rows: attention never crosses a document boundary (`document_ids`)
     document_mask: bool = False
+    # the family's choices (defaults: GPT-2's)
+    norm: str = "layernorm"  # or "rmsnorm": x / rms(x) * scale, no mean, no bias
+    mlp: str = "gelu"  # or "swiglu": (silu(x W1) * (x W3)) W2, three matrices
+    position: str = "learned"  # or "rope": q and k rotated by position (no position table)
+    rope_theta: float = 10_000.0  # RoPE's base: pair i turns by position / theta^(2i / head_dim)
+    n_kv_heads: int = 0  # grouped-query attention: heads of k and v (0: n_heads, plain MHA)
+    tied_head: bool = True  # the output head is the token embedding (False: its own V x d)
+    bias: bool = True  # biases in the projections and the norms
+    norm_eps: float = 1e-5
+    # Llama 3.1's long-context RoPE: (factor, low_freq_factor, high_freq_factor,
+    # original context) as its config.json's rope_scaling gives them; () for none
+    rope_scaling: tuple = ()
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name != "document_mask" and v <= 0:
-                raise ModelConfigError(f"{f.name} must be positive, got {v}")
+        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff",
+                     "init_std", "rope_theta", "norm_eps"):
+            if not getattr(self, name) > 0:
+                raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name, choices in CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ModelConfigError(f"unknown {name} {getattr(self, name)!r}; choose from "
+                                       f"{', '.join(choices)}")
         if self.d_model % self.n_heads:
             raise ModelConfigError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_kv_heads < 0 or self.n_heads % self.kv_heads:
+            raise ModelConfigError(
+                f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}; choose from "
+                f"{[k for k in range(1, self.n_heads + 1) if self.n_heads % k == 0]}")
+        if self.rope_scaling and len(self.rope_scaling) != 4:
+            raise ModelConfigError("rope_scaling takes (factor, low_freq_factor, "
+                                   f"high_freq_factor, original context), got {self.rope_scaling}")
+        if self.position == "rope" and self.head_dim % 2:
+            raise ModelConfigError(f"rotary positions turn pairs of a head's dimensions: "
+                                   f"head_dim={self.head_dim} must be even")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def kv_heads(self) -> int:
+        """Heads of k and v: n_kv_heads, or n_heads for plain multi-head attention."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def family(self) -> "Family":
+        """How a block computes beyond its shapes (what the pure functions of
+        jaxscale.model.block take)."""
+        return Family(self.norm, self.mlp, self.position, self.rope_theta, self.rope_scaling,
+                      self.norm_eps, self.kv_heads)
+
+
+@dataclass(frozen=True)
+class Family:
+    """The static choices of a block's computation: hashable, so part of the compiled
+    program as remat and the attention kernel are. `kv_heads`: the model's k and v heads,
+    all devices together (0: as many as the query heads); tensor parallelism needs it to
+    know whether it splits them (jaxscale.model.block.attention)."""
+
+    norm: str = "layernorm"
+    mlp: str = "gelu"
+    position: str = "learned"
+    rope_theta: float = 10_000.0
+    rope_scaling: tuple = ()
+    norm_eps: float = 1e-5
+    kv_heads: int = 0
+
+
+GPT2 = Family()  # the garden presets': LayerNorm, GELU, learned positions, multi-head
+
+
+CHOICES = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"),
+           "position": ("learned", "rope")}
+
 
 def _garden(**kw) -> ModelConfig:
     return ModelConfig(vocab_size=len(garden.VOCAB), seq_len=64, **kw)
+
+
+LLAMA = dict(norm="rmsnorm", mlp="swiglu", position="rope", tied_head=False, bias=False)
+
+
+def _llama(vocab: int, seq: int, d: int, layers: int, heads: int, kv: int, ff: int,
+           theta: float) -> ModelConfig:
+    """A published Llama shape (its config.json's hidden_size, num_hidden_layers, ...)."""
+    return ModelConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers,
+                       n_heads=heads, n_kv_heads=kv, d_ff=ff, rope_theta=theta, **LLAMA)
 
 
 # Presets. tiny and small train here on CPU; the 1B-class ones are for GPU/TPU and are only
@@ -65,10 +139,25 @@ PRESETS: dict[str, ModelConfig] = {
                       n_heads=16, d_ff=8192),
     "7b": ModelConfig(vocab_size=32000, seq_len=4096, d_model=4096, n_layers=32,
                       n_heads=32, d_ff=16384),
+    # the Llama family on the garden corpus: tiny's and small's sizes, two kv heads each
+    # (tiny-llama: 2 query heads per kv head; small-llama: 4), d_ff as SwiGLU's 8/3 d
+    # rounded to a multiple of 32
+    "tiny-llama": _garden(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96,
+                          **LLAMA),
+    "small-llama": _garden(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=704,
+                           **LLAMA),
+    # published shapes (Meta's config.json files): sized for accelerators, built abstractly
+    # on CPU. Llama 3's 405B is Llama 3.1's (its seq_len here: the 8,192 of pre-training)
+    "llama2-7b": _llama(32000, 4096, 4096, 32, 32, 32, 11008, 1e4),
+    "llama2-70b": _llama(32000, 4096, 8192, 80, 64, 8, 28672, 1e4),
+    "llama3-8b": _llama(128256, 8192, 4096, 32, 32, 8, 14336, 5e5),
+    "llama3-70b": _llama(128256, 8192, 8192, 80, 64, 8, 28672, 5e5),
+    "llama3-405b": _llama(128256, 8192, 16384, 126, 128, 8, 53248, 5e5),
 }
 
 
-CPU_PRESETS = ("tiny", "tiny8", "small", "long")  # the ones small enough to train on a laptop's CPU
+# the ones small enough to train on a laptop's CPU
+CPU_PRESETS = ("tiny", "tiny8", "small", "long", "tiny-llama", "small-llama")  # the ones small enough to train on a laptop's CPU
 
 
 def preset(name: str) -> ModelConfig:
@@ -87,9 +176,12 @@ def check_platform(name: str, platform: str) -> None:
 
 
 def param_count(cfg: ModelConfig) -> int:
-    """Closed-form number of parameters (tied output head)."""
+    """Closed-form number of parameters, every tensor counted (biases and norms too)."""
     d, f, v, t = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.seq_len
-    attention = 4 * d * d + 4 * d  # Wq, Wk, Wv, Wo and their biases
-    mlp = 2 * d * f + f + d
-    norms = 2 * 2 * d  # two LayerNorms, scale and bias
-    return v * d + t * d + cfg.n_layers * (attention + mlp + norms) + 2 * d
+    kv = cfg.kv_heads * cfg.head_dim  # the width of k and of v
+    b = int(cfg.bias)
+    attention = 2 * d * d + 2 * d * kv + b * (2 * d + 2 * kv)  # Wq, Wo, Wk, Wv (+ biases)
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * d * f + b * (f + d)
+    norm = d * (1 + (cfg.norm == "layernorm" and cfg.bias))  # a scale (+ a bias)
+    embeddings = v * d * (1 if cfg.tied_head else 2) + (t * d if cfg.position == "learned" else 0)
+    return embeddings + cfg.n_layers * (attention + mlp + 2 * norm) + norm

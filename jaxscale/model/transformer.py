@@ -1,9 +1,12 @@
 """One causal transformer (Flax NNX) used by every strategy in jaxscale.
 
-Pre-LayerNorm GPT-style blocks: token + learned position embeddings, multi-head causal
-self-attention, a 4x GELU MLP, a final LayerNorm and an output head tied to the token
-embedding (logits = h @ E^T), so the tiny preset stays close to the lectures' 28,672
-parameters.
+Pre-norm blocks of one of two families (jaxscale.model.config): GPT-2's (token + learned
+position embeddings, LayerNorms, multi-head attention, a 4x GELU MLP, an output head tied
+to the token embedding: logits = h @ E^T, so the tiny preset stays close to the lectures'
+28,672 parameters) or Llama's (no position table but rotary positions in attention,
+RMSNorms, grouped-query attention, a SwiGLU MLP, no biases, an output head of its own).
+The block itself is jaxscale.model.block; this module holds the parameters and runs the
+units in order.
 
 The L blocks are not L modules: each block parameter is ONE array with a leading `layers`
 axis, and the forward pass runs `jax.lax.scan` over it. Pipeline parallelism later shards
@@ -28,7 +31,9 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale import garden
 from jaxscale.model import attention as attentionlib
-from jaxscale.model.config import ModelConfig, ModelConfigError
+from jaxscale.model.block import (COLLECTIVE, attention, block, layer_norm, mlp, norm,  # noqa: F401
+                                  rms_norm, tp_operators)
+from jaxscale.model.config import GPT2, Family, ModelConfig, ModelConfigError
 
 
 # --------------------------------------------------------------------------------------
@@ -50,12 +55,14 @@ def _ones(shape, axes) -> nnx.Param:
 
 
 class LayerNorm(nnx.Module):
-    """LayerNorm parameters with an optional leading layers axis."""
+    """A norm's parameters with an optional leading layers axis: a scale, and a bias for
+    LayerNorm with biases (RMSNorm has none)."""
 
-    def __init__(self, d: int, lead: tuple[int, ...] = ()):
+    def __init__(self, d: int, lead: tuple[int, ...] = (), bias: bool = True):
         lead_axes = ("layers",) * len(lead)
         self.scale = _ones((*lead, d), (*lead_axes, "embed"))
-        self.bias = _zeros((*lead, d), (*lead_axes, "embed"))
+        if bias:
+            self.bias = _zeros((*lead, d), (*lead_axes, "embed"))
 
 
 # Activation recomputation (remat) for the scan over blocks: which intermediate values of a
@@ -68,9 +75,8 @@ class LayerNorm(nnx.Module):
 # batched ones (q k^T, softmax(.) v), and keeps what the block's collectives received.
 #
 # The outputs of the collectives inside a block (tp's, the cp ring's) carry the name
-# COLLECTIVE, so that a policy can keep them (selective does, and ZeRO-3's gathered
-# layers): recomputing one means sending it again.
-COLLECTIVE = "collective"
+# COLLECTIVE (jaxscale.model.block), so that a policy can keep them (selective does, and
+# ZeRO-3's gathered layers): recomputing one means sending it again.
 _policies = jax.checkpoint_policies
 REMAT_POLICIES = {"none": None, "full": _policies.nothing_saveable,
                   "matmuls": _policies.dots_saveable,
@@ -99,23 +105,36 @@ class Blocks(nnx.Module):
         # static attributes: part of the graphdef, not of the params
         self.remat, self.attention, self.unroll = remat, attention, bool(unroll)
         L, d, h, k, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
+        kv, bias = cfg.kv_heads, cfg.bias
+        # k and v: "kv_heads" when fewer than the query heads (tp splits them only if it
+        # divides them: jaxscale.parallel.hybrid.param_specs)
+        kv_axis = "heads" if kv == h else "kv_heads"
         normal = jax.nn.initializers.normal(cfg.init_std)
         # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2L)
         residual = jax.nn.initializers.normal(cfg.init_std / math.sqrt(2 * L))
-        self.ln1 = LayerNorm(d, (L,))
+        norm_bias = bias and cfg.norm == "layernorm"
+        self.ln1 = LayerNorm(d, (L,), norm_bias)
         self.wq = _param(normal, rngs.params(), (L, d, h, k), ("layers", "embed", "heads", "head_dim"))
-        self.wk = _param(normal, rngs.params(), (L, d, h, k), ("layers", "embed", "heads", "head_dim"))
-        self.wv = _param(normal, rngs.params(), (L, d, h, k), ("layers", "embed", "heads", "head_dim"))
-        self.bq = _zeros((L, h, k), ("layers", "heads", "head_dim"))
-        self.bk = _zeros((L, h, k), ("layers", "heads", "head_dim"))
-        self.bv = _zeros((L, h, k), ("layers", "heads", "head_dim"))
+        self.wk = _param(normal, rngs.params(), (L, d, kv, k), ("layers", "embed", kv_axis, "head_dim"))
+        self.wv = _param(normal, rngs.params(), (L, d, kv, k), ("layers", "embed", kv_axis, "head_dim"))
+        if bias:
+            self.bq = _zeros((L, h, k), ("layers", "heads", "head_dim"))
+            self.bk = _zeros((L, kv, k), ("layers", kv_axis, "head_dim"))
+            self.bv = _zeros((L, kv, k), ("layers", kv_axis, "head_dim"))
         self.wo = _param(residual, rngs.params(), (L, h, k, d), ("layers", "heads", "head_dim", "embed"))
-        self.bo = _zeros((L, d), ("layers", "embed"))
-        self.ln2 = LayerNorm(d, (L,))
+        if bias:
+            self.bo = _zeros((L, d), ("layers", "embed"))
+        self.ln2 = LayerNorm(d, (L,), norm_bias)
         self.w1 = _param(normal, rngs.params(), (L, d, f), ("layers", "embed", "mlp"))
-        self.b1 = _zeros((L, f), ("layers", "mlp"))
+        if bias:
+            self.b1 = _zeros((L, f), ("layers", "mlp"))
         self.w2 = _param(residual, rngs.params(), (L, f, d), ("layers", "mlp", "embed"))
-        self.b2 = _zeros((L, d), ("layers", "embed"))
+        if bias:
+            self.b2 = _zeros((L, d), ("layers", "embed"))
+        if cfg.mlp == "swiglu":  # the value half of the gated MLP
+            self.w3 = _param(normal, rngs.params(), (L, d, f), ("layers", "embed", "mlp"))
+            if bias:
+                self.b3 = _zeros((L, f), ("layers", "mlp"))
 
 
 class Transformer(nnx.Module):
@@ -126,9 +145,12 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         normal = jax.nn.initializers.normal(cfg.init_std)
         self.tok_embed = _param(normal, rngs.params(), (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
-        self.pos_embed = _param(normal, rngs.params(), (cfg.seq_len, cfg.d_model), ("position", "embed"))
+        if cfg.position == "learned":
+            self.pos_embed = _param(normal, rngs.params(), (cfg.seq_len, cfg.d_model), ("position", "embed"))
         self.blocks = Blocks(cfg, rngs, remat, attention, unroll)
-        self.ln_f = LayerNorm(cfg.d_model)
+        self.ln_f = LayerNorm(cfg.d_model, bias=cfg.bias and cfg.norm == "layernorm")
+        if not cfg.tied_head:  # logits = h @ U, U [d, vocab] of its own
+            self.unembed = _param(normal, rngs.params(), (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         t = tokens.shape[-1]
@@ -136,7 +158,8 @@ class Transformer(nnx.Module):
             raise ModelConfigError(f"sequence of {t} tokens exceeds seq_len={self.cfg.seq_len}")
         b = self.blocks
         return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, b.remat,
-                       attention=b.attention, unroll=b.unroll, seq=sequence(self.cfg, tokens))
+                       attention=b.attention, unroll=b.unroll, seq=sequence(self.cfg, tokens),
+                       family=self.cfg.family)
 
 
 def document_ids(tokens: jax.Array) -> jax.Array:
@@ -152,120 +175,58 @@ def sequence(cfg: ModelConfig, tokens: jax.Array):
 
 def forward(params: dict, tokens: jax.Array, remat: str = "none",
             tp_axis: str | None = None, *, attention: str = "einsum",
-            unroll: bool = False, seq=None) -> jax.Array:
+            unroll: bool = False, seq=None, family: Family = GPT2) -> jax.Array:
     """The model as a pure function of its parameters (a nested dict): token ids -> logits.
 
-    Three units run in turn: `embed` (token + position embeddings), the L blocks (`layers`:
-    one `lax.scan` over the stacked layer parameters) and `head` (final LayerNorm, then the
-    tied output projection logits = h @ E^T). `tp_axis`: the blocks run tensor parallel
+    Three units run in turn: `embed` (token embeddings, plus learned positions), the L
+    blocks (`layers`: one `lax.scan` over the stacked layer parameters) and `head` (final
+    norm, then the output projection: tied, logits = h @ E^T, or its own). `family`: how
+    the blocks compute (jaxscale.model.config.Family; the ModelConfig's `.family`). `tp_axis`: the blocks run tensor parallel
     over that mesh axis (see `block`). ZeRO-3 runs the same units on gathered slices
     (jaxscale.parallel.zero.forward_gathered), a pipeline one stage's layers at a time.
     `seq` says where the tokens sit and how attention sees them: None (whole rows, causal),
     attention.Documents (whole rows, within documents) or parallel.context.Ring (this
     device's share of the sequence; attention is a ring over the cp axis).
     """
-    x = layers(params["blocks"], embed(params, tokens, seq), remat, tp_axis,
-               attention=attention, unroll=unroll, seq=seq)
-    return head(params, x)
+    x = layers(params["blocks"], embed(params, tokens, seq, family), remat, tp_axis,
+               attention=attention, unroll=unroll, seq=seq, family=family)
+    return head(params, x, family)
 
 
-def embed(p, tokens, seq=None):
-    """Token + learned position embeddings: [B, T] ids -> [B, T, d] (the positions: `seq`'s,
-    else 0..T-1)."""
+def embed(p, tokens, seq=None, family: Family = GPT2):
+    """Token embeddings [B, T] ids -> [B, T, d], plus the learned position embeddings if the
+    family has them (the positions: `seq`'s, else 0..T-1; rotary positions enter later, in
+    attention)."""
+    if ("pos_embed" in p) != (family.position == "learned"):
+        raise ModelConfigError(f"the parameters {'have' if 'pos_embed' in p else 'lack'} a "
+                               f"position table but the family's positions are "
+                               f"{family.position!r}: pass the model's family")
+    x = p["tok_embed"][tokens]
+    if "pos_embed" not in p:
+        return x
     t = tokens.shape[-1]
-    pos = p["pos_embed"][:t] if seq is None else p["pos_embed"][seq.positions(t)]
-    return p["tok_embed"][tokens] + pos
+    return x + (p["pos_embed"][:t] if seq is None else p["pos_embed"][seq.positions(t)])
 
 
 def layers(blocks, x, remat: str = "none", tp_axis: str | None = None, *,
-           attention: str = "einsum", unroll: bool = False, seq=None):
+           attention: str = "einsum", unroll: bool = False, seq=None, family: Family = GPT2):
     """Run a stack of blocks (leading layers axis) over x with `lax.scan`: all of the
     model's layers, or one pipeline stage's share of them. `unroll` writes the L layers
     out one after another (scan's unroll=True: no loop left in the program)."""
     def layer(h, p):
-        return block(p, h, tp_axis, attention, seq), None
+        return block(p, h, tp_axis, attention, seq, family), None
     if remat != "none":
         layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
     return jax.lax.scan(layer, x, blocks, unroll=True if unroll else 1)[0]
 
 
-def head(p, x):
-    """Final LayerNorm, then the output projection tied to the token embedding."""
-    x = layer_norm(x, p["ln_f"]["scale"], p["ln_f"]["bias"])
+def head(p, x, family: Family = GPT2):
+    """Final norm, then the output projection: the model's own (`unembed` [d, vocab]) or
+    the token embedding's transpose (tied)."""
+    x = norm(x, p["ln_f"], family)
+    if "unembed" in p:
+        return jnp.einsum("btd,dv->btv", x, p["unembed"])
     return jnp.einsum("btd,vd->btv", x, p["tok_embed"])
-
-
-# --------------------------------------------------------------------------------------
-# The block as pure functions of one layer's parameters (a dict of arrays)
-# --------------------------------------------------------------------------------------
-
-def layer_norm(x, scale, bias, eps: float = 1e-5):
-    """LayerNorm, computed in float32 whatever x's dtype (mixed precision keeps norms in
-    fp32: in float16 the backward of rsqrt(var) overflows once var < ~6e-4)."""
-    x32 = x.astype(jnp.float32)
-    mean = x32.mean(-1, keepdims=True)
-    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + eps) * scale + bias
-    return y.astype(x.dtype)
-
-
-def _same(x):
-    return x
-
-
-def attention(p, x, reduce=_same, kernel: str = "einsum", seq=None):
-    """Multi-head causal self-attention; heads are independent until the output projection.
-    `reduce` sums the heads' partial outputs over devices when they are split (tensor
-    parallelism); the output bias is added once, after it. `kernel`: jaxscale.model.attention;
-    `seq`: see `forward` (it brings its own attend)."""
-    q = jnp.einsum("btd,dhk->bthk", x, p["wq"]) + p["bq"]
-    k = jnp.einsum("btd,dhk->bthk", x, p["wk"]) + p["bk"]
-    v = jnp.einsum("btd,dhk->bthk", x, p["wv"]) + p["bv"]
-    out = (attentionlib.attend if seq is None else seq.attend)(q, k, v, kernel)
-    return reduce(jnp.einsum("bthk,hkd->btd", out, p["wo"])) + p["bo"]
-
-
-def mlp(p, x, reduce=_same):
-    """GELU MLP; `reduce` as in attention (W1 split by columns, W2 by rows: one sum)."""
-    return reduce(jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"]) + p["b2"]
-
-
-def tp_operators(tp_axis: str | None, sequence_parallel: bool = False):
-    """(enter, reduce) joining tensor-parallel shares over `tp_axis` (see `block`); both the
-    identity without an axis."""
-    if tp_axis is None:
-        return _same, _same
-    named = lambda x: checkpoint_name(x, COLLECTIVE)  # noqa: E731
-    if sequence_parallel:  # activations [B, T/tp, d] outside the sub-layers, [B, T, d] in
-        return (lambda h: named(jax.lax.all_gather(h, tp_axis, axis=1, tiled=True)),
-                lambda y: named(jax.lax.psum_scatter(y, tp_axis, scatter_dimension=1,
-                                                     tiled=True)))
-    return (lambda h: jax.lax.pcast(h, tp_axis, to="varying"),
-            lambda y: named(jax.lax.psum(y, tp_axis)))
-
-
-def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum", seq=None):
-    """One pre-LN transformer block: x + attn(LN(x)), then + mlp(LN(.)).
-
-    With `tp_axis` (inside shard_map) `p` holds this device's share of the heads and of the
-    MLP's hidden units (Megatron tensor parallelism) and two operators join the shares:
-      enter   identity forward; in backward the all-reduce of the input's gradient (each
-              device's heads contribute part of it). Written as pcast-to-varying, whose
-              transpose is psum; once per sub-layer, not once per matmul.
-      reduce  psum forward: the all-reduce of the partial outputs.
-    Two all-reduces per layer forward (attention, MLP) and two backward.
-
-    Sequence parallelism (Korthikanti et al. 2022; `seq.sequence_parallel`): x holds this
-    device's T/tp of the sequence, so the LayerNorms, residual adds and dropout-free
-    elementwise work between sub-layers are split too, not repeated tp times. Each
-    all-reduce becomes its two halves: enter = all-gather of the sequence (backward: a
-    reduce-scatter), reduce = reduce-scatter of the partial outputs (backward: an
-    all-gather). The same bytes as the all-reduce; activations between sub-layers 1/tp.
-    """
-    enter, reduce = tp_operators(tp_axis, getattr(seq, "sequence_parallel", False))
-    h = enter(layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"]))
-    x = x + attention(p, h, reduce, attention_kernel, seq)
-    return x + mlp(p, enter(layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"])), reduce)
 
 
 # --------------------------------------------------------------------------------------

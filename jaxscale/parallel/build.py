@@ -48,7 +48,7 @@ def build_train_step(model_cfg: ModelConfig, plan: Plan,
         return build_hybrid(model_cfg, graphdef, plan, optimizer, pol, shapes,
                             modellib.logical_axes(abstract), devices)
     if plan.zero_stage:
-        return build_zero(graphdef, plan, optimizer, pol, shapes, devices)
+        return build_zero(graphdef, plan, optimizer, pol, shapes, devices, model_cfg.family)
     if plan.n_devices == 1 and plan.micro_batches == 1:  # the reference: a plain jit
         canonical = Canonical(layouts.Replicated(), optimizer, pol, shapes, None)
         step = PlanStep(None, steplib.make_step(graphdef, optimizer, pol),

@@ -107,8 +107,10 @@ class SequenceShard:
         self.table = sequence_order(seq_len, cp, layout).reshape(cp, -1)  # [cp, T/cp]
 
     def positions(self, t: int) -> jax.Array:
+        """The global positions of this device's t tokens: its cp share (what attention
+        sees), or with sequence parallelism between sub-layers its tp part of that share."""
         share = jnp.asarray(self.table)[lax.axis_index(self.axis) if self.cp > 1 else 0]
-        if self.sp > 1:
+        if self.sp > 1 and t != share.shape[0]:
             share = share.reshape(self.sp, -1)[lax.axis_index(self.sp_axis)]
         assert share.shape == (t,), (share.shape, t)
         return share
@@ -188,7 +190,9 @@ class Online:
                       whole.o.at[:, lo:].set(self.o), self.pairs)
 
     def update(self, q, k, v, qpos, kpos, qseg, kseg) -> "Online":
-        """Fold the block (k, v) into the running softmax of queries q."""
+        """Fold the block (k, v) into the running softmax of queries q (k and v travel the
+        ring with their own heads, fewer under grouped-query attention: repeated here)."""
+        k, v = attentionlib.repeat_kv(k, q.shape[2]), attentionlib.repeat_kv(v, q.shape[2])
         s = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
         allowed = (kpos[None, :] <= qpos[:, None])[None, None]  # [1, 1, q, s]
         if qseg is not None:

@@ -4,9 +4,12 @@
 Where each parameter lives follows from its logical axis names (jaxscale.model.transformer), by rules:
 
     heads -> tp    Q, K, V split by output heads, O by input heads        (Megatron)
-    mlp   -> tp    W1 split by output columns, W2 by input rows           (Megatron)
+    kv_heads -> tp K and V of grouped-query attention, when tp divides their heads;
+                   otherwise whole on every tp device (each picks the heads its query
+                   heads read: jaxscale.model.block.local_kv)
+    mlp   -> tp    W1 (and SwiGLU's W3) split by output columns, W2 by input rows
     layers -> pp   each pipeline stage holds its own layers
-    anything else  replicated: embeddings, LayerNorms, output biases
+    anything else  replicated: embeddings, norms, output biases
 
 Inside the step: the blocks run tensor parallel over `tp` (two all-reduces per layer
 forward, two backward: jaxscale.model.transformer.block), the pipeline schedule runs over `pp`
@@ -45,13 +48,20 @@ from jaxscale.parallel.vma import vary
 from jaxscale.parallel.zero import check_elementwise, forward_gathered, gathered_units
 from jaxscale.runtime import mesh as meshlib
 
-RULES = {"heads": "tp", "mlp": "tp", "layers": "pp"}
+RULES = {"heads": "tp", "kv_heads": "tp", "mlp": "tp", "layers": "pp"}
 
 
-def param_specs(logical, plan):
+def splits_kv_heads(kv_heads: int, tp: int) -> bool:
+    """Whether tp splits grouped-query attention's k/v heads (it must divide them)."""
+    return kv_heads % tp == 0
+
+
+def param_specs(logical, plan, kv_heads: int = 0):
     """PartitionSpec of every parameter from its logical axes (axes of size-1 mesh dims
-    are left out, so a tp=1 plan does not mention tp)."""
-    live = {name: mesh for name, mesh in RULES.items() if getattr(plan, mesh) > 1}
+    are left out, so a tp=1 plan does not mention tp). `kv_heads`: the model's k/v heads
+    where fewer than its query heads (their axis is "kv_heads")."""
+    live = {name: mesh for name, mesh in RULES.items() if getattr(plan, mesh) > 1
+            and (name != "kv_heads" or splits_kv_heads(kv_heads, plan.tp))}
     return jax.tree.map(lambda names: P(*(live.get(n) for n in names)), logical,
                         is_leaf=lambda x: isinstance(x, tuple))
 
@@ -96,7 +106,7 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
     check_divisible(model_cfg, plan)
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = meshlib.make_mesh(plan.mesh_shape, devices)
-    specs = param_specs(logical, plan)
+    specs = param_specs(logical, plan, model_cfg.kv_heads)
     order = layer_order(model_cfg.n_layers, plan.pp, plan.virtual)
     check_elementwise(jax.eval_shape(optimizer.init, shapes), shapes,
                       who="tensor/pipeline parallelism")
@@ -132,12 +142,13 @@ def pipeline_grad_fn(model_cfg, plan, layout, specs):
     and over pp for the parameters every stage holds."""
     tp_axis = TP if plan.tp > 1 else None
     shared = jax.tree.map(lambda s: PP not in s, specs, is_leaf=is_spec)
-    units = (gathered_units(layout.fetch, plan.remat, plan.attention, plan.unroll, tp_axis)
+    units = (gathered_units(layout.fetch, plan.remat, plan.attention, plan.unroll, tp_axis,
+                            family=model_cfg.family)
              if plan.zero_stage == 3 else None)
     return pipeline_value_and_grad(
         plan, tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual),
         tp_axis=tp_axis, replicated_over_pp=shared, reduction=layout.reduction(), units=units,
-        d_model=model_cfg.d_model)
+        d_model=model_cfg.d_model, family=model_cfg.family)
 
 
 def sequence_grad_fn(model_cfg, plan, layout, specs):
@@ -154,11 +165,12 @@ def sequence_grad_fn(model_cfg, plan, layout, specs):
     def nll(prm, mb):
         if plan.zero_stage == 3:  # prm: my dp slices of my tp shards, gathered per unit
             logits = forward_gathered(prm, mb["tokens"], plan.remat, layout.fetch,
-                                      plan.attention, plan.unroll, tp_axis, sequence(mb))
+                                      plan.attention, plan.unroll, tp_axis, sequence(mb),
+                                      model_cfg.family)
         else:
             logits = modellib.forward(prm, mb["tokens"], plan.remat, tp_axis=tp_axis,
                                       attention=plan.attention, unroll=plan.unroll,
-                                      seq=sequence(mb))
+                                      seq=sequence(mb), family=model_cfg.family)
         return logits_nll_and_count(logits, mb)
 
     # The devices that split the sequence hold different tokens, so each parameter's

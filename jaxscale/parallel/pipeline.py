@@ -30,6 +30,7 @@ import numpy as np
 from jax import lax
 
 from jaxscale.model import transformer as modellib
+from jaxscale.model.config import GPT2, Family
 from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel import schedules as sched
 from jaxscale.parallel.axes import DP, PP
@@ -128,7 +129,7 @@ class Tick(NamedTuple):
 
 def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
                             replicated_over_pp, pp_axis=PP, dp_axis=DP, tp_axis=None,
-                            units=None, d_model=None):
+                            units=None, d_model=None, family: Family = GPT2):
     """grad_fn for steplib.make_step running the pipeline (see the module docstring).
 
     `params` arrive with the blocks' layer axis split over pp (this device's v chunks, in
@@ -140,12 +141,14 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
     same branch. `units`: (embed, layers, head) on this device's parameters (ZeRO-3: on
     its slices, each unit gathering what it uses: zero.gathered_units); default the
     model's own. `d_model`: the activations' width (default: the token embedding's).
+    `family`: the model's (jaxscale.model.config.Family).
     """
     embed, layers, head = units or (
-        modellib.embed,
+        lambda prm, tokens: modellib.embed(prm, tokens, family=family),
         lambda blocks, h: modellib.layers(blocks, h, plan.remat, tp_axis,
-                                          attention=plan.attention, unroll=plan.unroll),
-        modellib.head)
+                                          attention=plan.attention, unroll=plan.unroll,
+                                          family=family),
+        lambda prm, h: modellib.head(prm, h, family))
     p, m, v = plan.pp, plan.micro_batches, plan.virtual
     rows = Tick(*(jnp.asarray(getattr(table, f)) for f in Tick._fields))
 

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxscale.model import transformer as modellib, precision
+from jaxscale.model.config import GPT2, Family
 from jaxscale.model.loss import logits_nll_and_count, nll_and_count
 from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel import step as steplib
@@ -54,14 +55,15 @@ class ZeroError(ValueError):
 
 
 def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum",
-                     unroll: bool = False, tp_axis: str | None = None, seq=None):
+                     unroll: bool = False, tp_axis: str | None = None, seq=None,
+                     family: Family = GPT2):
     """ZeRO-3's forward: model.forward's units on parameter slices (`gathered_units`)."""
-    embed, layers, head = gathered_units(fetch, remat, attention, unroll, tp_axis, seq)
+    embed, layers, head = gathered_units(fetch, remat, attention, unroll, tp_axis, seq, family)
     return head(slices, layers(slices["blocks"], embed(slices, tokens)))
 
 
 def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = False,
-                   tp_axis: str | None = None, seq=None):
+                   tp_axis: str | None = None, seq=None, family: Family = GPT2):
     """(embed(slices, tokens), layers(block_slices, x), head(slices, x)): model.forward's
     units on parameter slices, each unit gathering its whole tensors with
     `fetch(unit_slices, layer)` just before it runs (on a tp mesh: its whole tp shards, and
@@ -88,13 +90,14 @@ def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = 
         return jax.tree.map(lambda t: t + zero.astype(t.dtype), p)
 
     def embed_unit(p, tokens):  # the first unit: nothing runs before it
-        return modellib.embed(fetch(p, False), tokens, seq)
+        return modellib.embed(fetch(p, False), tokens, seq, family)
 
     def layer(x, p):
-        return modellib.block(fetch(after(p, x), True), x, tp_axis, attention, seq), None
+        return modellib.block(fetch(after(p, x), True), x, tp_axis, attention, seq,
+                              family), None
 
     def head_unit(p, x):
-        return modellib.head(fetch(after(p, x), False), x)
+        return modellib.head(fetch(after(p, x), False), x, family)
 
     saveable = jax.checkpoint_policies
     embed_unit = jax.checkpoint(embed_unit, policy=saveable.nothing_saveable)
@@ -103,27 +106,31 @@ def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = 
         saveable.dots_saveable, saveable.save_only_these_names(modellib.COLLECTIVE))
     layer = jax.checkpoint(layer, policy=modellib.REMAT_POLICIES[remat] or keep)
 
-    def embed(slices, tokens):
-        return embed_unit({"tok_embed": slices["tok_embed"], "pos_embed": slices["pos_embed"]},
-                          tokens)
+    def embed(slices, tokens):  # the token table, and the position table if there is one
+        return embed_unit({k: slices[k] for k in EMBED_UNIT if k in slices}, tokens)
 
     def layers(blocks, x):
         return jax.lax.scan(layer, x, blocks, unroll=True if unroll else 1)[0]
 
-    def head(slices, x):
-        return head_unit({"ln_f": slices["ln_f"], "tok_embed": slices["tok_embed"]}, x)
+    def head(slices, x):  # the final norm and the output head: its own, or the token table
+        own = "unembed" if "unembed" in slices else "tok_embed"
+        return head_unit({"ln_f": slices["ln_f"], own: slices[own]}, x)
     return embed, layers, head
 
 
+EMBED_UNIT = ("tok_embed", "pos_embed")
+
+
 def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat: str = "none",
-                        attention: str = "einsum", unroll: bool = False):
+                        attention: str = "einsum", unroll: bool = False,
+                        family: Family = GPT2):
     """grad_fn for steplib.make_step: (global loss, this device's slice of the gradients),
     reduced as the layout's stage says (`layout.reduction()`). Stage 3 differentiates the
     slices themselves, each unit's parameters gathered where it runs."""
     if layout.stage == 3:
         def nll(slices, mb):
             logits = forward_gathered(slices, mb["tokens"], remat, layout.fetch, attention,
-                                      unroll)
+                                      unroll, family=family)
             return logits_nll_and_count(logits, mb)
     else:
         nll = partial(nll_and_count, graphdef)
@@ -142,15 +149,17 @@ def check_elementwise(opt_state, target, who: str = "ZeRO") -> None:
                             "rmsprop, adam, adamw)")
 
 
-def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, devices=None):
-    """(init, step) for plan.zero_stage in (1, 2, 3) on a dp mesh."""
+def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, devices=None,
+               family: Family = GPT2):
+    """(init, step) for plan.zero_stage in (1, 2, 3) on a dp mesh (`family`: the model's,
+    for stage 3's own forward)."""
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = meshlib.make_mesh(plan.mesh_shape, devices)
     layout = zero_layout(param_shapes, plan.dp, plan.zero_stage)
     update = steplib.make_step(
         graphdef, optimizer, pol, jit=False, layout=layout,
         grad_fn=zero_value_and_grad(graphdef, layout, plan.micro_batches, plan.remat,
-                                    plan.attention, plan.unroll))
+                                    plan.attention, plan.unroll, family))
 
     def fresh_state(params32):
         return steplib.init_state(params32, optimizer, pol, arrange=layout.flatten,
@@ -183,6 +192,9 @@ BACKWARD_UNITS = {
     "pos_embed": 0,  # an added embedding: its backward needs no weights
     "b2": 0,  # the block's last bias feeds only the saved block output: nothing recomputes it
 }
+# An untied head (Llama): the token table is used once (the lookup, whose backward needs no
+# weights) and the head's own table U once forward and once backward.
+UNTIED_UNITS = {"tok_embed": (1, 0)}
 
 
 # With sequence parallelism a block's LayerNorm outputs are not recomputed in backward: the
@@ -199,6 +211,7 @@ def stage3_ring_bytes(shapes, k: int, itemsize: int,
     out = {"all_gather": 0.0, "reduce_scatter": 0.0, "textbook": 0.0, "dp": 0.0}
     backward = {**BACKWARD_UNITS, **(SEQUENCE_PARALLEL_BACKWARD_UNITS if sequence_parallel
                                      else {})}
+    untied = "unembed" in shapes
     for path, s in jax.tree_util.tree_leaves_with_path(shapes):
         keys = [p.key for p in path]
         name = ".".join(keys[-2:]) if keys[-1] in ("scale", "bias") else keys[-1]
@@ -206,6 +219,8 @@ def stage3_ring_bytes(shapes, k: int, itemsize: int,
         n = math.prod(s.shape) // layers
         padded = ring * padded_size(n, k) * itemsize * layers
         fwd, bwd = FORWARD_UNITS.get(name, 1), backward.get(name, 1)
+        if untied and name in UNTIED_UNITS:
+            fwd, bwd = UNTIED_UNITS[name]
         out["all_gather"] += (fwd + bwd) * padded
         out["reduce_scatter"] += fwd * padded
         out["textbook"] += 3 * padded
