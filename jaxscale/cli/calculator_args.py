@@ -48,18 +48,21 @@ def preset_summary(name: str) -> str:
 
     c, n = PRESETS[name], param_count(PRESETS[name])
     count = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n:,}"
-    return (f"{name} ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} heads, d_ff "
-            f"{c.d_ff}, vocab {c.vocab_size}, seq {c.seq_len}; {count} parameters)")
+    family = (f", {c.kv_heads} kv heads" if c.kv_heads != c.n_heads else "") + (
+        ", Llama blocks" if c.family.position == "rope" else "")
+    return (f"{name} ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} heads{family}, "
+            f"d_ff {c.d_ff}, vocab {c.vocab_size}, seq {c.seq_len}; {count} parameters)")
 
 
 def add_shape_options(p, batch_help: str, seq_default: int, batch_default: int) -> None:
     """--model, --layers, --hidden, --heads, --ffn, --vocab, --seq, --batch."""
+    from jaxscale.cli.model_arg import FILE_HELP, model_arg
     from jaxscale.model.config import PRESETS  # already imported by jaxscale.cli.build_parser
 
-    p.add_argument("--model", choices=list(PRESETS), metavar="PRESET",
+    p.add_argument("--model", type=model_arg, metavar="PRESET",
                    help=f"take the shape (and parameter count) from a jaxscale.model.transformer preset: "
-                        f"{'; '.join(preset_summary(k) for k in PRESETS)}. Explicit options "
-                        "below override it")
+                        f"{'; '.join(preset_summary(k) for k in PRESETS)}; {FILE_HELP}. "
+                        "Explicit options below override it")
     for flags, what in ((("--layers",), "transformer layers L"), (("--hidden",), "hidden size h"),
                         (("--heads",), "attention heads a (must divide h)"),
                         (("--ffn", "--d-ff"), "MLP inner size f (default 4h)"),
@@ -85,11 +88,19 @@ def model_shape(args, seq_default: int, require: tuple[str, ...] = ("layers", "h
     """
     shape: dict = {}
     if args.model:
-        from jaxscale.model.config import PRESETS, param_count
-        cfg = PRESETS[args.model]
+        from jaxscale.model.config import is_file, param_count, preset
+        cfg = preset(args.model)
         shape = {"layers": cfg.n_layers, "hidden": cfg.d_model, "heads": cfg.n_heads,
                  "ffn": cfg.d_ff, "vocab": cfg.vocab_size, "seq": cfg.seq_len,
-                 "params": float(param_count(cfg)), "source": f"preset {args.model}"}
+                 "params": float(param_count(cfg)),
+                 "source": f"{'config' if is_file(args.model) else 'preset'} {args.model}"}
+        # the Llama family's differences (absent for GPT-2's shapes, as before it existed)
+        if cfg.n_kv_heads:
+            shape["kv_heads"] = cfg.n_kv_heads
+        if cfg.mlp == "swiglu":
+            shape["swiglu"] = True
+        if not cfg.tied_head:
+            shape["tied"] = False
     given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "kv_heads",
                                            "vocab", "seq") if getattr(args, k) is not None}
     if args.swiglu:
@@ -132,7 +143,8 @@ def transformer(shape: dict):
     from jaxscale.costmodel.shape import Transformer
     return Transformer(shape["layers"], shape["hidden"], shape["heads"] or 1, shape["seq"],
                        ffn=shape["ffn"], kv_heads=shape.get("kv_heads"),
-                       vocab=shape["vocab"] or 0, swiglu=shape.get("swiglu", False))
+                       vocab=shape["vocab"] or 0, swiglu=shape.get("swiglu", False),
+                       tied=shape.get("tied", True))
 
 
 def resolve_params(args, shape: dict | None) -> tuple[float, str]:
@@ -170,7 +182,11 @@ def describe_shape(shape: dict | None, params: float, source: str) -> str:
     parts = [plural(shape["layers"], "layer"), f"h = {shape['hidden']}"]
     if shape.get("heads"):
         parts.append(plural(shape["heads"], "head"))
-    parts.append(f"ffn {shape['ffn']}")
+    if shape.get("kv_heads") and shape["kv_heads"] != shape.get("heads"):
+        parts.append(f"{shape['kv_heads']} kv heads")
+    parts.append(f"{'SwiGLU ' if shape.get('swiglu') else ''}ffn {shape['ffn']}")
+    if shape.get("tied") is False:
+        parts.append("untied head")
     if shape.get("vocab"):
         parts.append(f"vocab {shape['vocab']}")
     origin = shape["source"] if shape["source"] != "options" else "shape"

@@ -11,7 +11,8 @@ from jaxscale.cli import cluster_options, runtime_options
 from jaxscale.cli.calculator_args import preset_summary
 from jaxscale.cli.main import _number
 from jaxscale.cli.paths import output_dir
-from jaxscale.model.config import PRESETS
+from jaxscale.cli.model_arg import FILE_HELP, model_arg
+from jaxscale.model.config import CPU_PRESETS, PRESETS
 from jaxscale.model.precision import POLICIES, POLICY_HELP
 from jaxscale.model.transformer import REMAT_POLICIES
 from jaxscale.parallel.schedules import SCHEDULES
@@ -39,9 +40,10 @@ def add_parser(subparsers):
 
 
 def _model_and_optimizer(t, d) -> None:
-    t.add_argument("--model", default=d.model, choices=list(PRESETS), metavar="NAME",
-                   help=f"model preset: {'; '.join(preset_summary(k) for k in PRESETS)} "
-                        f"(default {d.model}; mid, 1b and 7b are sized for GPU/TPU)")
+    t.add_argument("--model", default=d.model, type=model_arg, metavar="NAME",
+                   help=f"model preset: {'; '.join(preset_summary(k) for k in PRESETS)}; "
+                        f"{FILE_HELP} (default {d.model}; only "
+                        f"{', '.join(CPU_PRESETS)} are sized for a CPU)")
     t.add_argument("--steps", type=_number(), default=d.steps,
                    help=f"training steps (default {d.steps})")
     t.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS, metavar="NAME",

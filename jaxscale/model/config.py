@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxscale import garden
+from jaxscale.model import hf_config
 
 
 class ModelConfigError(ValueError):
@@ -160,16 +161,34 @@ PRESETS: dict[str, ModelConfig] = {
 CPU_PRESETS = ("tiny", "tiny8", "small", "long", "tiny-llama", "small-llama")  # the ones small enough to train on a laptop's CPU
 
 
+def is_file(name: str) -> bool:
+    """Whether a model name is a Hugging Face config.json (a path) rather than a preset."""
+    return name.endswith(".json")
+
+
 def preset(name: str) -> ModelConfig:
-    """The ModelConfig called `name`; a clear error lists the valid names."""
+    """The ModelConfig called `name`, or read from a Hugging Face config.json when `name` is
+    a path ending in .json (jaxscale.model.hf_config); a clear error lists the valid names."""
+    if is_file(name):
+        try:
+            return ModelConfig(**hf_config.read(name))
+        except (hf_config.HFConfigError, ModelConfigError) as e:
+            raise ModelConfigError(str(e)) from None
     if name not in PRESETS:
-        raise ModelConfigError(f"unknown model {name!r}; choose from {', '.join(PRESETS)}")
+        raise ModelConfigError(f"unknown model {name!r}; choose from {', '.join(PRESETS)}, "
+                               "or give a Hugging Face config.json")
     return PRESETS[name]
 
 
 def check_platform(name: str, platform: str) -> None:
-    """Refuse to run a GPU/TPU-sized preset on CPU devices, before anything is built."""
-    if platform == "cpu" and name not in CPU_PRESETS:
+    """Refuse to run a GPU/TPU-sized model on CPU devices, before anything is built: a
+    preset not in CPU_PRESETS, or a config.json bigger than the biggest of them."""
+    if is_file(name):
+        biggest = max(param_count(PRESETS[n]) for n in CPU_PRESETS)
+        too_big = param_count(preset(name)) > biggest
+    else:
+        too_big = name not in CPU_PRESETS
+    if platform == "cpu" and too_big:
         raise ModelConfigError(
             f"model {name!r} is sized for GPU/TPU; on cpu devices use one of "
             f"{', '.join(CPU_PRESETS)} (or --platform gpu on a GPU machine)")

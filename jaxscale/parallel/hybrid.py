@@ -56,6 +56,16 @@ def splits_kv_heads(kv_heads: int, tp: int) -> bool:
     return kv_heads % tp == 0
 
 
+def kv_heads_note(cfg: ModelConfig, plan) -> str | None:
+    """What tensor parallelism does with grouped-query attention's k/v heads when it cannot
+    split them (None when it can, or there is no tp)."""
+    if plan.tp == 1 or cfg.kv_heads == cfg.n_heads or splits_kv_heads(cfg.kv_heads, plan.tp):
+        return None
+    return (f"tp={plan.tp} does not divide the {cfg.kv_heads} k/v heads: K and V stay whole "
+            "on every tp device, each device picks for each of its query heads the k/v head "
+            "it reads, and their gradients are summed over tp once per step")
+
+
 def param_specs(logical, plan, kv_heads: int = 0):
     """PartitionSpec of every parameter from its logical axes (axes of size-1 mesh dims
     are left out, so a tp=1 plan does not mention tp). `kv_heads`: the model's k/v heads

@@ -33,6 +33,7 @@ def _list(kind, name: str, choices=None):
 def register(subparsers) -> None:
     from jaxscale.cli import runtime_options as runtime
     from jaxscale.cli.calculator_args import preset_summary
+    from jaxscale.cli.model_arg import FILE_HELP, model_arg
     from jaxscale.model.config import PRESETS
     from jaxscale.model.transformer import REMAT_POLICIES
     from jaxscale.model.precision import POLICIES
@@ -43,8 +44,9 @@ def register(subparsers) -> None:
         "--steps) and report tokens/s and model FLOPs utilisation (MFU) against the "
         "device's datasheet peak and against a large matmul measured in the same run. "
         "--batch and --remat take comma-separated lists: every combination is timed."))
-    b.add_argument("--model", default="tiny", choices=list(PRESETS), metavar="NAME",
-                   help="; ".join(preset_summary(k) for k in PRESETS) + " (default tiny)")
+    b.add_argument("--model", default="tiny", type=model_arg, metavar="NAME",
+                   help="; ".join(preset_summary(k) for k in PRESETS) + f"; {FILE_HELP} "
+                        "(default tiny)")
     b.add_argument("--batch", type=_list(int, "batch"), default=None, metavar="B[,B...]",
                    help="rows per step (default 32 for tiny/tiny8/small, 8 otherwise)")
     b.add_argument("--precision", default=None, choices=list(POLICIES), metavar="POLICY",

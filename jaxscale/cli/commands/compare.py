@@ -27,6 +27,7 @@ from jaxscale.model import config as model_config
 def register(subparsers) -> None:
     from jaxscale.cli import runtime_options as runtime
     from jaxscale.compare.strategies import CONTROL, NOISE_FLOOR, NOISE_MULTIPLE, STRATEGIES
+    from jaxscale.cli.model_arg import FILE_HELP, model_arg
     from jaxscale.model.config import PRESETS
     from jaxscale.parallel.plan import LAYOUT_KEYS
     from jaxscale.cli.paths import output_dir
@@ -55,8 +56,8 @@ def register(subparsers) -> None:
                         "all, split evenly over them; default 8)")
     p.add_argument("--platform", default="auto", choices=PLATFORMS, metavar="NAME",
                    help="cpu, gpu, tpu or auto (the default backend; default auto)")
-    p.add_argument("--model", default="tiny", choices=list(PRESETS), metavar="PRESET",
-                   help=f"model preset: {', '.join(PRESETS)} (default tiny)")
+    p.add_argument("--model", default="tiny", type=model_arg, metavar="PRESET",
+                   help=f"model preset: {', '.join(PRESETS)}; {FILE_HELP} (default tiny)")
     p.add_argument("--steps", type=_number(), default=20, help="training steps (default 20)")
     p.add_argument("--batch-size", type=_number(), default=32,
                    help="documents per step, the same for every strategy (default 32)")
@@ -113,10 +114,13 @@ def _strategy_names(args, n, cfg) -> tuple[list[str], tuple[str, ...]]:
 def _checked_plans(args, cfg, on_cpu: bool) -> dict:
     """The strategies' plans, each checked against the model, the devices and the batch."""
     from jaxscale.compare.strategies import CompareError, check_strategies
-    if not args.abstract and on_cpu and args.model not in model_config.CPU_PRESETS:
-        raise CompareError(f"model {args.model!r} is too big to train here; use --abstract "
-                           "to compile it without running, or one of "
-                           f"{', '.join(model_config.CPU_PRESETS)}")
+    if not args.abstract and on_cpu:
+        try:
+            model_config.check_platform(args.model, "cpu")
+        except model_config.ModelConfigError:
+            raise CompareError(f"model {args.model!r} is too big to train here; use "
+                               "--abstract to compile it without running, or one of "
+                               f"{', '.join(model_config.CPU_PRESETS)}") from None
     if on_cpu and not args.abstract:  # the host's limit first, as train states it
         devlib.check_cpu_count(args.devices)
     names, layouts = _strategy_names(args, args.devices, cfg)
@@ -127,6 +131,11 @@ def _checked_plans(args, cfg, on_cpu: bool) -> dict:
             raise CompareError(f"strategy {name!r}: batch of {args.batch_size} documents is not "
                                f"divisible by dp x micro_batches = {plan.dp} x "
                                f"{plan.micro_batches}; try --batch-size {need}")
+    from jaxscale.parallel.hybrid import kv_heads_note
+    for name, plan in plans.items():
+        note = kv_heads_note(cfg, plan)
+        if note:
+            print(f"note: {name}: {note}", file=sys.stderr)
     return plans
 
 

@@ -12,6 +12,8 @@ def before_run(args, cfg, log) -> None:
     shortened to half the run (process 0 says it)."""
     import jax
 
+    from jaxscale.model import config as model_config
+    from jaxscale.parallel.hybrid import kv_heads_note
     from jaxscale.report import plural
     from jaxscale.runtime.processes import is_main
     from jaxscale.training.config import TrainConfig, warmup_steps
@@ -24,6 +26,9 @@ def before_run(args, cfg, log) -> None:
             f"{plural(idle, 'device')} {'stays' if idle == 1 else 'stay'} idle; spread the "
             f"run with --mesh dp={jax.device_count()} (or any mesh of {jax.device_count()})",
             "note")
+    note = kv_heads_note(model_config.preset(cfg.model), cfg.plan(validate=False))
+    if note:
+        log(note, "note")
     if warmup_steps(cfg) < cfg.warmup != TrainConfig.warmup:  # a warm-up the user asked for
         log(f"--warmup {cfg.warmup:,} is more than half of --steps {cfg.steps:,}: the "
             f"learning rate warms up over {warmup_steps(cfg):,} steps (result.json: "
