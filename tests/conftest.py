@@ -58,6 +58,9 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 GPU_TESTS = os.environ.get("JAXSCALE_GPU_TESTS") == "1"
 if not GPU_TESTS:
     jax.config.update("jax_platforms", "cpu")
+    # and in every process a test starts: no accelerator backend looked for (libtpu, the
+    # [tpu] extra the target tests use, would look for TPU chips and print warnings)
+    os.environ["JAX_PLATFORMS"] = "cpu"
 DEVICES = force_cpu_devices(N_DEVICES)
 assert len(jax.devices("cpu")) == N_DEVICES, jax.devices("cpu")
 

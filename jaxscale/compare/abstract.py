@@ -1,28 +1,53 @@
 """`jaxscale compare --abstract`: every plan lowered and compiled on abstract (never
 allocated) state, in this process; XLA's per-device memory beside the formula's
-(compare.predict). Nothing runs, so nothing can crash a collective."""
+(compare.predict). Nothing runs, so nothing can crash a collective.
+
+With `--target` the devices are a TPU slice's compile-only devices (jaxscale.runtime.
+targets): the memory is XLA:TPU's per chip, set against the chip's HBM, and the program's
+collectives are counted as the TPU compiler left them (an async start/done pair once).
+"""
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxscale.compare.predict import predict
+from jaxscale import costmodel as cm
+from jaxscale.compare.predict import params_per_device
 from jaxscale.compare.run import mesh_label
-from jaxscale.measure import memory
+from jaxscale.measure import hlo, memory
 from jaxscale.model import optim, transformer as modellib
 from jaxscale.parallel.build import build_train_step
 
 
-def run_abstract(cfg, plans: dict, devices, batch_size: int) -> list[dict]:
+def predicted_states(cfg, plan) -> dict[str, float]:
+    """The closed form's per-device model states (jaxscale.costmodel.model_state_bytes on
+    the parameters one device holds): fp32 (4 + 4 + 8 bytes per parameter) or, for the
+    16-bit policies with fp32 master weights, mixed (2 + 2 + 12)."""
+    kind = "fp32" if plan.precision == "fp32" else "mixed"
+    return cm.model_state_bytes(params_per_device(cfg, plan)["total"], plan.dp,
+                                plan.zero_stage, kind)
+
+
+def collective_counts(compiled) -> dict[str, float]:
+    """Collectives the optimized program runs per step, by kind: an async -start/-done
+    pair once, an op in a loop body once per iteration (jaxscale.measure.hlo)."""
+    counts: Counter = Counter()
+    for op in hlo.collectives(compiled.as_text()):
+        counts[op.op] += op.times
+    return dict(counts)
+
+
+def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> list[dict]:
     """Lower and compile each plan on abstract (never allocated) state; XLA's memory."""
     params = nnx.to_pure_dict(nnx.state(modellib.abstract(cfg), nnx.Param))
     rows = []
     for i, (name, plan) in enumerate(plans.items()):
-        print(f"[{i + 1}/{len(plans)}] {name}: {mesh_label(plan.as_dict())}, compiling ...",
-              file=sys.stderr, flush=True)
+        print(f"[{i + 1}/{len(plans)}] {name}: {mesh_label(plan.as_dict())}, compiling"
+              + (f" for {target.name}" if target else "") + " ...", file=sys.stderr, flush=True)
         init, step = build_train_step(cfg, plan, optim.adamw(3e-3), devices[:plan.n_devices])
         state = jax.eval_shape(init, params)
         sharding = step.batch_sharding
@@ -30,14 +55,68 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int) -> list[dict]:
                                                sharding=sharding)
         batch = {"tokens": spec(jnp.int32), "targets": spec(jnp.int32),
                  "mask": spec(jnp.float32)}
-        compiled = step.jitted.lower(state, batch).compile()
+        pred = predicted_states(cfg, plan)
+        try:
+            compiled = step.jitted.lower(state, batch).compile()
+        except jax.errors.JaxRuntimeError as e:
+            if target is None or "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            rows.append(refused_row(name, plan, pred, target, str(e)))  # XLA:TPU: too big
+            continue
         mem = memory.memory(compiled)
-        pred = predict(cfg, plan, (batch_size, cfg.seq_len))["states"]
         batch_bytes = 12 * batch_size * cfg.seq_len // plan.dp
         states = mem["arguments"] - batch_bytes
-        rows.append({"name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
-                     "memory": mem, "states_measured": states,
-                     "states_predicted": pred["params"] + pred["optimizer"],
-                     "rel_diff": states / (pred["params"] + pred["optimizer"]) - 1,
-                     "grads_predicted": pred["grads"]})
+        row = {"name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
+               "memory": mem, "states_measured": states,
+               "states_predicted": pred["params"] + pred["optimizer"],
+               "rel_diff": states / (pred["params"] + pred["optimizer"]) - 1,
+               "grads_predicted": pred["grads"]}
+        if target is not None:
+            row.update(target_figures(compiled, mem, target))
+        rows.append(row)
     return rows
+
+
+def refused_row(name: str, plan, pred: dict, target, message: str) -> dict:
+    """A plan XLA:TPU would not compile because it needs more memory than the chip has:
+    the compiler's own sentence (what it needs against what is available), and the
+    closed form's states beside it."""
+    why = message.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
+    return {"name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
+            "memory": None, "states_measured": None,
+            "states_predicted": pred["params"] + pred["optimizer"], "rel_diff": None,
+            "grads_predicted": pred["grads"], "target": target.name,
+            "hbm_bytes": target.hbm_bytes, "generated_code": None, "needed_bytes": None,
+            "fits": False, "refused": why, "collectives_per_step": {}}
+
+
+def target_figures(compiled, mem: dict, target) -> dict:
+    """What a target adds to a row: the chip's HBM, XLA's figure against it, the code size
+    and the collectives the TPU compiler left in the program."""
+    analysis = compiled.memory_analysis()
+    code = int(getattr(analysis, "generated_code_size_in_bytes", 0))
+    needed = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temporaries"] + code
+    return {"target": target.name, "hbm_bytes": target.hbm_bytes, "generated_code": code,
+            "needed_bytes": needed, "fits": needed <= target.hbm_bytes,
+            "collectives_per_step": collective_counts(compiled)}
+
+
+def abstract_table(result: dict, fmt) -> tuple[list[str], list[list[str]]]:
+    """compare's table for a compile-only run (`fmt`: bytes as text); with a target, the
+    chip's figures: what XLA:TPU needs per chip, whether it fits the HBM, the collectives."""
+    cols = ["strategy", "mesh", "state args (XLA)", "params+opt (formula)", "diff",
+            "temporaries (XLA)", "grads (formula)"]
+    def opt(x, show):
+        return "-" if x is None else show(x)
+    rows = [[r["name"], r["mesh"], opt(r["states_measured"], fmt), fmt(r["states_predicted"]),
+             opt(r["rel_diff"], lambda x: f"{x:+.2%}"),
+             opt(r["memory"], lambda m: fmt(m["temporaries"])), fmt(r["grads_predicted"])]
+            for r in result["rows"]]
+    if not result.get("target"):
+        return cols, rows
+    cols += ["code", "needed / chip", f"fits {fmt(result['hbm_bytes'])}", "collectives / step"]
+    for row, r in zip(rows, result["rows"]):
+        ops = ", ".join(f"{op} {n:g}" for op, n in sorted(r["collectives_per_step"].items()))
+        row += [opt(r["generated_code"], fmt), opt(r["needed_bytes"], fmt),
+                "yes" if r["fits"] else "NO", ops or ("-" if r.get("refused") else "none")]
+    return cols, rows

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from jaxscale.compare.abstract import abstract_table
 from jaxscale.compare.predict import predict
 from jaxscale.compare.time_model import add_predictions
 from jaxscale.model import config as model_config
@@ -117,11 +118,7 @@ def _gb(x: float) -> str:
 
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     if result.get("abstract"):
-        cols = ["strategy", "mesh", "state args (XLA)", "params+opt (formula)", "diff",
-                "temporaries (XLA)", "grads (formula)"]
-        return cols, [[r["name"], r["mesh"], _gb(r["states_measured"]), _gb(r["states_predicted"]),
-                       f"{r['rel_diff']:+.2%}", _gb(r["memory"]["temporaries"]),
-                       _gb(r["grads_predicted"])] for r in result["rows"]]
+        return abstract_table(result, _gb)
     cross = multiprocess(result)
     cols = ["strategy", "mesh", "max dloss", "ok", "states/dev", "pred", "temps", "sent/step",
             "pred", *(["cross-proc/step", "pred"] if cross else []), "compile",
@@ -187,7 +184,8 @@ def notes(result: dict) -> list[str]:
     """What a reader needs to read the table right: the bound and where it came from, the
     failures and why, and what the timings share."""
     if result.get("abstract"):
-        return []
+        return [f"{r['name']}: XLA:TPU refused it: {r['refused']}" for r in result["rows"]
+                if r.get("refused")]
     n = result["noise"]
     out = [f"loss bound {n['tolerance']:.2g} relative: {n['why']}" if n["tolerance"] is not None
            else n["why"]]
@@ -233,7 +231,13 @@ def print_table(result: dict) -> None:
                 f", {result['steps']} steps of {result['batch_size']} documents"))
     if result.get("abstract"):
         show(title, cols, rows)
-        return
+    else:
+        _show_parts(result, title, cols, rows)
+    for line in notes(result):
+        print(line, file=sys.stderr)
+
+
+def _show_parts(result: dict, title: str, cols: list[str], rows: list[list[str]]) -> None:
     last = len(cols) - 1  # the idle share
     first = [0, 1, 2, 3, 4, 5, 6, last]
     show(title + " (bytes per device)", [cols[i] for i in first],
@@ -247,8 +251,6 @@ def print_table(result: dict) -> None:
               ["communication per device per step (measured in the HLO / predicted) and time"])
     for part, name in zip(halves, titles):
         show(name, [cols[i] for i in part], [[row[i] for i in part] for row in rows])
-    for line in notes(result):
-        print(line, file=sys.stderr)
 
 
 def print_partial(result: dict, as_json: bool, save=None) -> None:
@@ -287,7 +289,10 @@ def markdown(result: dict) -> str:
 
 
 def _where(result: dict) -> str:
-    """'8 devices', or '8 devices in 2 processes'."""
+    """'8 devices', '8 devices in 2 processes', or 'v5p-512 (256 chips, v5p:4x8x8; ...)'."""
+    if result.get("target"):
+        return (f"{result['target']} ({result['devices']} chips, {result['topology']}; "
+                f"sequences of {result['seq']:,} tokens)")
     p = result.get("processes")
     return f"{result['devices']} devices" + (f" in {p} processes" if p and p > 1 else "")
 

@@ -23,8 +23,10 @@ COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "collective-perm
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
                "f8e4m3fn": 1, "f8e5m2": 1}
-_LINE = re.compile(r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVE_OPS)
-                   + r")(?:-start)?\(")
+# the result type: one shape, or a tuple of them whose layouts may hold parentheses of
+# their own (XLA:TPU's tiles: bf16[8,128]{1,0:T(8,128)(2,1)})
+_LINE = re.compile(r"=\s*(?P<type>\((?:[^()]|\([^()]*\))*\)|\S+)\s+(?P<op>"
+                   + "|".join(COLLECTIVE_OPS) + r")(?:-start)?\(")
 _SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*[a-z0-9]*)\[(?P<dims>[\d,]*)\]")
 _PAIRS = re.compile(r"source_target_pairs=\{(?P<pairs>[\d,{}]*)\}")
 

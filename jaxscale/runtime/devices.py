@@ -120,8 +120,8 @@ def pick_devices(platform: str = "auto", n: int | None = None) -> list[jax.Devic
     started = _backend_started()
     if platform == "cpu" or platform == "auto":
         if not started:
-            if platform == "cpu":
-                jax.config.update("jax_platforms", "cpu")
+            if platform == "cpu" or not accelerator_installed():  # (libtpu without chips
+                jax.config.update("jax_platforms", "cpu")  # would look for them, and warn)
             configure_cpu_runtime(n or 1)  # used only if the CPU is all there is
         if platform == "cpu" or jax.default_backend() == "cpu":
             return jax.devices("cpu") if n is None else force_cpu_devices(n)
@@ -146,7 +146,17 @@ def pick_devices(platform: str = "auto", n: int | None = None) -> list[jax.Devic
 
 def accelerator_installed() -> bool:
     """Whether a GPU or TPU plugin for JAX is installed (without starting any backend,
-    which would be too late for jax.distributed.initialize)."""
+    which would be too late for jax.distributed.initialize). libtpu counts only on a
+    machine with TPU chips: installed for compile-only targets (jaxscale.runtime.targets)
+    on a laptop, it is not an accelerator."""
     from importlib import metadata
     names = {(d.metadata["Name"] or "").lower() for d in metadata.distributions()}
-    return any(n.startswith(("jax-cuda", "jax_cuda", "jax-rocm", "libtpu")) for n in names)
+    return any(n.startswith(("jax-cuda", "jax_cuda", "jax-rocm")) for n in names) or (
+        "libtpu" in names and tpu_chips_present())
+
+
+def tpu_chips_present() -> bool:
+    """Whether this machine has TPU chips: the device files a TPU VM exposes (/dev/accel*
+    on v4 and v5e, /dev/vfio/N on v5p and v6e)."""
+    import glob
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))

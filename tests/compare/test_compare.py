@@ -236,7 +236,7 @@ def test_tensor_parallel_averaging_its_partial_sums_fails_clearly(devices, refer
     """A row-parallel layer whose partial outputs are averaged (pmean) instead of summed."""
     import jax
 
-    from jaxscale.model import transformer as model
+    from jaxscale.model import block as model  # where the block looks its operators up
 
     real = model.tp_operators
     monkeypatch.setattr(model, "tp_operators",

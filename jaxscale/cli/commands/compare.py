@@ -51,9 +51,9 @@ def register(subparsers) -> None:
             "and the others are kept. On CPU devices as many workers as cores compile the "
             "strategies at once, then each is timed alone; the notes split the wall time. "
             "Exit code 1 if a strategy fails or misses the bound."))
-    p.add_argument("--devices", type=_number(), default=8, metavar="N",
+    p.add_argument("--devices", type=_number(), default=None, metavar="N",
                    help="devices to use (CPU: forced host devices; several processes: in "
-                        "all, split evenly over them; default 8)")
+                        "all, split evenly over them; default 8, or the target's chips)")
     p.add_argument("--platform", default="auto", choices=PLATFORMS, metavar="NAME",
                    help="cpu, gpu, tpu or auto (the default backend; default auto)")
     p.add_argument("--model", default="tiny", type=model_arg, metavar="PRESET",
@@ -75,6 +75,15 @@ def register(subparsers) -> None:
     p.add_argument("--abstract", action="store_true",
                    help="lower and compile only (no execution, no allocation): XLA's "
                         "per-device memory next to the formulas, for models too big to run")
+    p.add_argument("--target", default=None, metavar="NAME",
+                   help="with --abstract: compile for a Cloud TPU slice from this machine "
+                        "(libtpu's compile-only devices; pip install -e \".[tpu]\"): v5e-16, "
+                        "v6e-64, v5p-512 (v5p counts TensorCores, 2 per chip; v5e and v6e "
+                        "count chips) or a topology such as v5p:4x8x8. Each row gets XLA:TPU's "
+                        "memory per chip against the chip's HBM")
+    p.add_argument("--seq", type=_number(), default=None, metavar="S",
+                   help="with --abstract: tokens per sequence of the job (default: the "
+                        "model's seq_len)")
     p.add_argument("--out", type=output_dir, default="runs/compare", metavar="DIR",
                    help="folder for compare.json, compare.md and, unless --abstract, the "
                         "PNG charts (default runs/compare)")
@@ -144,17 +153,19 @@ def run(args) -> int:
 
     from jaxscale.runtime import processes as distributed
     from jaxscale.compare.strategies import CompareError
-    cfg = model_config.preset(args.model)
+    target, cfg = _target_and_job(args, model_config.preset(args.model))
     on_cpu = args.platform == "cpu" or (args.platform == "auto"
                                         and not devlib.accelerator_installed())
     plans = _checked_plans(args, cfg, on_cpu)  # all valid before JAX starts
+    if target is not None:
+        _check_target_sizes(plans, target, args.strategy)
     out = Path(args.out)
     cluster = distributed.from_args(args)
     if args.abstract:
         if cluster is not None:
             raise CompareError("--abstract compiles in one process; drop the multi-process "
                                "options (or run it without `jaxscale launch`)")
-        return _run_abstract(args, cfg, plans, out)
+        return _run_abstract(args, cfg, plans, out, target)
     from jaxscale.compare import report
     from jaxscale.compare.run import WorkerError, run_all, worker_count
     from jaxscale.compare.strategies import judge
@@ -212,16 +223,54 @@ def run(args) -> int:
     return 0 if result["all_pass"] else 1
 
 
-def _run_abstract(args, cfg, plans, out: Path) -> int:
+def _target_and_job(args, cfg):
+    """(the --target, or None; the model with the job's --seq), checked before JAX starts;
+    --devices defaults to the target's chips (else 8) and must match them."""
+    import dataclasses
+
+    from jaxscale.compare.strategies import CompareError
+    from jaxscale.runtime import targets
+    if (args.target or args.seq) and not args.abstract:
+        raise CompareError("--target and --seq only compile: add --abstract")
+    target = None
+    if args.target:
+        try:
+            target = targets.parse_target(args.target)
+            targets.check_available(target)
+        except targets.TargetError as e:
+            raise CompareError(str(e)) from None
+        if args.devices not in (None, target.n_devices):
+            raise CompareError(f"--devices {args.devices}, but {target.name} has "
+                               f"{target.n_devices} chips: drop --devices, or pick a target "
+                               "of that many chips")
+        args.devices = target.n_devices
+    args.devices = args.devices or 8
+    return target, dataclasses.replace(cfg, seq_len=args.seq) if args.seq else cfg
+
+
+def _check_target_sizes(plans, target, layouts) -> None:
+    """A written-out layout must use every chip of the target."""
+    from jaxscale.compare.strategies import CompareError
+    for name, plan in plans.items():
+        if name in layouts and plan.n_devices != target.n_devices:
+            raise CompareError(f"layout {name} uses {plan.n_devices} devices, but "
+                               f"{target.name} has {target.n_devices} chips")
+
+
+def _run_abstract(args, cfg, plans, out: Path, target=None) -> int:
     """Compile only, in this process (nothing runs, so nothing can crash a collective)."""
     from jaxscale.compare import abstract, report
-    from jaxscale.runtime import devices as devlib
+    from jaxscale.runtime import devices as devlib, targets
     from jaxscale.runtime.compile_cache import enable_compilation_cache
-    devices = devlib.pick_devices(args.platform, args.devices)
+    devices = (targets.target_devices(target) if target is not None
+               else devlib.pick_devices(args.platform, args.devices))
     enable_compilation_cache()
     _start_outputs(out)
-    rows = abstract.run_abstract(cfg, plans, devices, args.batch_size)
+    rows = abstract.run_abstract(cfg, plans, devices, args.batch_size, target)
     result = {"model": args.model, "devices": args.devices, "abstract": True, "rows": rows}
+    if target is not None:
+        result.update(target=target.name, topology=target.topology, seq=cfg.seq_len,
+                      hbm_bytes=target.hbm_bytes)
     _write_json(out / "compare.json", result)
     (out / "compare.md").write_text(report.markdown(result))
     if args.json:

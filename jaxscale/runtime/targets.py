@@ -1,0 +1,136 @@
+"""Compile-only targets: a Cloud TPU slice's devices on a machine that has none of them.
+
+libtpu (the optional extra `pip install -e ".[tpu]"`) carries XLA:TPU's compiler, and
+`jax.experimental.topologies.get_topology_desc` gives a slice's devices as compile-only
+devices: a Mesh can be built over them and a jitted step lowered and compiled for them
+(nothing runs, nothing is allocated), so that XLA:TPU's own memory analysis says whether
+a layout fits the chip before anyone pays for the chip.
+
+Names. Cloud TPU's accelerator types count chips for v5e and v6e (`v5e-256`: 256 chips,
+16 x 16) but TensorCores for v5p (`v5p-512`: 256 chips of 2 cores each, run as one
+device per chip, 4 x 8 x 8): the trap every first v5p user falls into. Both name forms
+are taken, and an explicit topology (`v5p:4x8x8`, `v6e:8x8`) too. v4 is left out: its
+compile-only topology has a device per TensorCore where a real v4 runs one per chip, so
+its memory per device would not be the chip's.
+
+libtpu looks for a TPU when it starts and writes warnings about environment variables it
+cannot find (straight to the process's stderr, from C++); they mean nothing here, and
+`target_devices` keeps them off the user's screen unless the call fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+
+GIB = 2**30
+
+# generation: (HBM per chip, chips per unit of the name's number, chip shapes by count).
+# HBM from the Cloud TPU system-architecture pages (v5e: 16 GiB, v5p: 95 GiB, v6e: 32 GiB).
+_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
+       256: "16x16"}
+_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
+       256: "4x8x8", 512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+GENERATIONS = {"v5e": (16 * GIB, 1, _2D), "v6e": (32 * GIB, 1, _2D),
+               "v5p": (95 * GIB, 2, _3D)}
+ALIASES = {"v5litepod": "v5e", "v6litepod": "v6e"}
+DEVICE_KINDS = {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "v5p": "TPU v5"}
+
+
+class TargetError(ValueError):
+    """A target that is unknown, malformed, or cannot be compiled for here."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A slice to compile for: `name` as given, its `topology` (libtpu's name), how many
+    devices (chips) it has and the HBM of each."""
+
+    name: str
+    generation: str
+    topology: str
+    n_devices: int
+    hbm_bytes: int
+    platform: str = "tpu"
+
+    @property
+    def device_kind(self) -> str:
+        return DEVICE_KINDS[self.generation]
+
+
+def examples() -> str:
+    return ("v5e-16, v5e-256, v5p-8, v5p-512, v6e-64, or a topology such as v5e:4x4, "
+            "v5p:4x8x8")
+
+
+def parse_target(name: str) -> Target:
+    """The Target `name` stands for: GEN-N (Cloud TPU's accelerator type) or GEN:AxB[xC]."""
+    m = re.fullmatch(r"(?P<gen>[a-z0-9]+)(?:-(?P<n>\d+)|:(?P<topo>\d+(?:x\d+)+))", name.strip())
+    gen = m and ALIASES.get(m["gen"], m["gen"])
+    if not m or gen not in GENERATIONS:
+        hint = " (v4 is not offered: its compile-only devices are TensorCores, not chips)" \
+            if name.startswith("v4") else ""
+        raise TargetError(f"unknown target {name!r}; use one of {examples()}{hint}")
+    hbm, cores, shapes = GENERATIONS[gen]
+    if m["topo"]:
+        dims = [int(x) for x in m["topo"].split("x")]
+        if len(dims) != len(next(iter(shapes.values())).split("x")) or \
+                m["topo"] not in shapes.values():
+            raise TargetError(f"{gen} has no topology {m['topo']}; choose from "
+                              f"{', '.join(shapes.values())}")
+        return Target(name, gen, f"{gen}:{m['topo']}", math.prod(dims), hbm)
+    n = int(m["n"])
+    chips = n // cores
+    if n % cores or chips not in shapes:
+        unit = "TensorCores (2 per chip)" if cores == 2 else "chips"
+        raise TargetError(f"{name}: {gen}-N counts {unit}; N is one of "
+                          f"{', '.join(str(c * cores) for c in shapes)}")
+    return Target(name, gen, f"{gen}:{shapes[chips]}", chips, hbm)
+
+
+def check_available(target: Target) -> None:
+    """Raise TargetError naming the install command when libtpu is not installed."""
+    if importlib.util.find_spec("libtpu") is None:
+        raise TargetError(f"--target {target.name} compiles with XLA:TPU, which comes with "
+                          "libtpu: pip install -e \".[tpu]\" (jax[tpu] at this jax's "
+                          "version), then run again")
+
+
+@contextlib.contextmanager
+def _stderr_kept_back():
+    """Send what the process writes to file descriptor 2 to a temporary file for the
+    duration; on an exception it is attached to the error, otherwise dropped."""
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        saved = os.dup(2)
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except Exception as e:
+            os.dup2(saved, 2)
+            held.seek(0)
+            text = held.read().decode(errors="replace").strip()
+            if text:
+                e.add_note(f"libtpu said: {text[-2000:]}")
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def target_devices(target: Target) -> list:
+    """The slice's compile-only devices, in libtpu's order (libtpu's start-up warnings
+    kept off the screen)."""
+    check_available(target)
+    from jax.experimental import topologies
+
+    with _stderr_kept_back():
+        devices = topologies.get_topology_desc(topology_name=target.topology,
+                                               platform="tpu").devices
+    if len(devices) != target.n_devices:
+        raise TargetError(f"libtpu gave {len(devices)} devices for {target.topology}, "
+                          f"expected {target.n_devices}")
+    return list(devices)
