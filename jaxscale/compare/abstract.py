@@ -120,3 +120,15 @@ def abstract_table(result: dict, fmt) -> tuple[list[str], list[list[str]]]:
         row += [opt(r["generated_code"], fmt), opt(r["needed_bytes"], fmt),
                 "yes" if r["fits"] else "NO", ops or ("-" if r.get("refused") else "none")]
     return cols, rows
+
+
+def abstract_notes(result: dict) -> list[str]:
+    """The rows XLA:TPU refused, in its words."""
+    return [f"{r['name']}: XLA:TPU refused it: {r['refused']}" for r in result["rows"]
+            if r.get("refused")]
+
+
+def target_where(result: dict) -> str:
+    """'v5p-512 (256 chips, v5p:4x8x8; sequences of 4,096 tokens)'."""
+    return (f"{result['target']} ({result['devices']} chips, {result['topology']}; "
+            f"sequences of {result['seq']:,} tokens)")

@@ -2,20 +2,20 @@
 charts.py; the runs themselves: run.py and worker.py; a compile-only run: abstract.py).
 
 Under several processes the communication table gains "cross-proc/step": the bytes per device
-per step that leave the process, measured from the HLO's replica groups and the
-device-to-process map (`measure.ring_bytes_by_op(..., device_process=...)`), next to a
-prediction: each predicted collective's bytes x the share of its ring's hops that join two
-processes, for the axis it runs over, given the placement (`distributed.place_devices`: the
-job's devices process by process, tp innermost, then pp, then dp). One-process runs show no
-such column."""
+per step that leave the process, measured from the HLO's replica groups and the device-to-
+process map (`measure.ring_bytes_by_op(..., device_process=...)`), next to a prediction: each
+predicted collective's bytes x the share of its ring's hops that join two processes, for the
+axis it runs over, given the placement (`distributed.place_devices`: process by process, tp
+innermost, then pp, then dp). One-process runs show no such column."""
 from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 
 import numpy as np
 
-from jaxscale.compare.abstract import abstract_table
+from jaxscale.compare.abstract import abstract_notes, abstract_table, target_where
 from jaxscale.compare.predict import predict
 from jaxscale.compare.time_model import add_predictions
 from jaxscale.model import config as model_config
@@ -184,8 +184,7 @@ def notes(result: dict) -> list[str]:
     """What a reader needs to read the table right: the bound and where it came from, the
     failures and why, and what the timings share."""
     if result.get("abstract"):
-        return [f"{r['name']}: XLA:TPU refused it: {r['refused']}" for r in result["rows"]
-                if r.get("refused")]
+        return abstract_notes(result)
     n = result["noise"]
     out = [f"loss bound {n['tolerance']:.2g} relative: {n['why']}" if n["tolerance"] is not None
            else n["why"]]
@@ -229,10 +228,7 @@ def print_table(result: dict) -> None:
     title = (f"jaxscale compare: {result['model']} on {_where(result)}"
              + (" (compiled only)" if result.get("abstract") else
                 f", {result['steps']} steps of {result['batch_size']} documents"))
-    if result.get("abstract"):
-        show(title, cols, rows)
-    else:
-        _show_parts(result, title, cols, rows)
+    (show if result.get("abstract") else partial(_show_parts, result))(title, cols, rows)
     for line in notes(result):
         print(line, file=sys.stderr)
 
@@ -289,10 +285,9 @@ def markdown(result: dict) -> str:
 
 
 def _where(result: dict) -> str:
-    """'8 devices', '8 devices in 2 processes', or 'v5p-512 (256 chips, v5p:4x8x8; ...)'."""
+    """'8 devices', '8 devices in 2 processes', or a target's chips (abstract.target_where)."""
     if result.get("target"):
-        return (f"{result['target']} ({result['devices']} chips, {result['topology']}; "
-                f"sequences of {result['seq']:,} tokens)")
+        return target_where(result)
     p = result.get("processes")
     return f"{result['devices']} devices" + (f" in {p} processes" if p and p > 1 else "")
 

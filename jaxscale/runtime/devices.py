@@ -127,6 +127,11 @@ def pick_devices(platform: str = "auto", n: int | None = None) -> list[jax.Devic
             return jax.devices("cpu") if n is None else force_cpu_devices(n)
         found = jax.devices()
     else:
+        if platform == "tpu" and not started and not tpu_chips_present():
+            raise DeviceError("--platform tpu: no tpu devices here (no TPU chips on this "
+                              "machine; to compile for a TPU slice without one, use compare "
+                              f"--abstract --target); choose from {', '.join(PLATFORMS)} "
+                              "(auto: an accelerator if present, else the CPU)")
         if not started:  # only this accelerator (and the host CPU beside it)
             jax.config.update("jax_platforms", f"{platform},cpu")
         try:

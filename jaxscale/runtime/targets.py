@@ -15,7 +15,8 @@ its memory per device would not be the chip's.
 
 libtpu looks for a TPU when it starts and writes warnings about environment variables it
 cannot find (straight to the process's stderr, from C++); they mean nothing here, and
-`target_devices` keeps them off the user's screen unless the call fails.
+`target_devices` keeps them off the user's screen unless the call fails. It also lets
+several processes load libtpu at once (none of them drives a chip).
 """
 from __future__ import annotations
 
@@ -125,6 +126,10 @@ def target_devices(target: Target) -> list:
     """The slice's compile-only devices, in libtpu's order (libtpu's start-up warnings
     kept off the screen)."""
     check_available(target)
+    # libtpu takes /tmp/libtpu_lockfile so that two processes never drive one chip; a
+    # compile-only process drives none, and a second one (a test worker, another terminal)
+    # must not be refused
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     with _stderr_kept_back():

@@ -192,7 +192,8 @@ def test_compare_line_gets_to_its_workers(tmp_path, monkeypatch, argv):
 
     monkeypatch.setattr(compare_runner, "run_all", stop)
     monkeypatch.setattr(compare_command, "_run_abstract",
-                        lambda args, cfg, plans, out: stop({"strategies": list(plans)}))
+                        lambda args, cfg, plans, out, target=None:
+                        stop({"strategies": list(plans)}))
     with pytest.raises(_Stop):
         main(_to_tmp(argv, tmp_path) + ["--out", str(tmp_path / "c")])
     (spec,) = specs

@@ -11,6 +11,7 @@ costmodel.devices.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 from jaxscale import costmodel as cm
@@ -97,6 +98,13 @@ def register(subparsers) -> None:
                    help="never use sequence parallelism (a 2021 Megatron had none)")
     p.add_argument("--top", type=size_arg(minimum=0), default=5, metavar="N",
                    help="how many alternatives to list (default 5)")
+    p.add_argument("--verify", type=size_arg(), default=None, metavar="N",
+                   help="compile the top N layouts for --target with XLA:TPU (from this "
+                        "machine: pip install -e \".[tpu]\") and rank them again by what "
+                        "the compiler says fits; needs --model")
+    p.add_argument("--target", default=None, metavar="NAME",
+                   help="the Cloud TPU slice for --verify (v5e-256, v5p-512, v6e-64, or a "
+                        "topology v5p:4x8x8): --devices and --device default to it")
     p.add_argument("--json", action="store_true", help="print one JSON object with every figure")
     p.set_defaults(run=run)
 
@@ -213,7 +221,62 @@ def render(r: dict) -> None:
         table("closest to fitting among those rejected for memory", COLUMNS, [_row(miss)])
 
 
+def _target(args):
+    """--target and --verify, checked before any work: the Target (or None); --devices and
+    --device follow the target."""
+    if args.verify is None and args.target is None:
+        return None
+    from jaxscale.runtime import targets
+    if args.verify is None or args.target is None or not args.model:
+        raise cm.CostModelError("--verify N needs --target NAME and --model (a preset or a "
+                                "config.json): it compiles the model for the target")
+    try:
+        target = targets.parse_target(args.target)
+        targets.check_available(target)
+    except targets.TargetError as e:
+        raise cm.CostModelError(str(e)) from None
+    if args.devices != target.n_devices:
+        raise cm.CostModelError(f"--devices {args.devices}, but {target.name} has "
+                                f"{target.n_devices} chips")
+    args.device = f"tpu-{target.generation}"
+    if args.device not in D.DEVICES:
+        raise cm.CostModelError(f"the cost model has no {args.device} to plan with")
+    args.top = max(args.top, args.verify - 1)
+    return target
+
+
+def _verify(args, out: dict, target) -> dict:
+    from dataclasses import replace as with_
+
+    from jaxscale.compare.verify import verify
+    from jaxscale.model.config import preset
+    from jaxscale.runtime import targets
+    cfg = preset(args.model)
+    cfg = with_(cfg, seq_len=out["job"]["shape"]["seq"])
+    candidates = ([out["recommended"]] if out["recommended"] else []) + out["alternatives"]
+    return verify(cfg, candidates[:args.verify], target, targets.target_devices(target),
+                  args.batch, args.bytes_per_param)
+
+
+def render_verified(v: dict) -> None:
+    table(f"the planner's top {len(v['rows'])} compiled for {v['target']} by XLA:TPU "
+          f"(memory per chip; the chip has {human_bytes(v['hbm_bytes'])})",
+          ["planner rank", "layout", "planner's memory", "compiler's", "planner's error",
+           "fits", "new rank"],
+          [[r["rank"], r["name"], short_bytes(r["predicted_bytes"]),
+            short_bytes(r["compiled_bytes"]) if r.get("compiled_bytes") else "-",
+            f"{r['error']:+.1%}" if r.get("error") is not None else "-",
+            "yes" if r["fits"] else ("not buildable" if not r["buildable"] else "NO"),
+            v["reranked"].index(r["rank"]) + 1] for r in v["rows"]])
+    for r in v["rows"]:
+        if r.get("refused") or not r["buildable"]:
+            print(f"{r['name']}: {r.get('refused') or r['why']}", file=sys.stderr)
+
+
 def run(args) -> int:
+    target = _target(args)
     out = compute(args)
-    emit(args, out, render)
+    if target is not None:
+        out["verified"] = _verify(args, out, target)
+    emit(args, out, lambda r: (render(r), r.get("verified") and render_verified(r["verified"])))
     return 0 if out["recommended"] else 1
