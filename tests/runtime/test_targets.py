@@ -103,3 +103,30 @@ def test_xla_tpu_compiles_each_layout_and_says_what_fits(tmp_path):
     assert big.returncode == 0, big.stderr
     row = json.loads(big.stdout)["rows"][0]
     assert not row["fits"] and "HBM" in row["refused"]
+
+
+@needs_libtpu
+def test_plan_verify_compiles_the_planners_best_and_ranks_them_again(tmp_path):
+    """`plan --verify 2 --target v5e-4`: the planner's two best layouts for the small Llama,
+    each compiled by XLA:TPU; every row has the planner's memory and the compiler's (or the
+    compiler's refusal), and the new ranking puts what fits first."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL_LLAMA))
+    r = run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
+                   "plan", "--model", str(config), "--devices", "4", "--target", "v5e-4",
+                   "--batch", "8", "--seq", "256", "--verify", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    v = json.loads(r.stdout)["verified"]
+    assert v["target"] == "v5e-4" and len(v["rows"]) == 2 and sorted(v["reranked"]) == [1, 2]
+    for row in v["rows"]:
+        assert row["predicted_bytes"] > 0
+        if row["buildable"] and row["fits"]:
+            assert 0 < row["compiled_bytes"] < 16 * GIB and row["error"] is not None
+    fits = [row["rank"] for row in v["rows"] if row["fits"]]
+    assert v["reranked"][:len(fits)] == fits
+
+
+def test_plan_verify_needs_a_target_and_a_model():
+    r = run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
+                   "plan", "--params", "7e9", "--devices", "8", "--verify", "2")
+    assert r.returncode == 2 and "--verify N needs --target NAME and --model" in r.stderr
