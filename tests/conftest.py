@@ -156,6 +156,25 @@ def one_step(model: str, **plan):
     return whole, float(metrics["loss"]), step, init(params)
 
 
+def canonical_after_two_steps(model: str, **plan):
+    """Two steps of momentum SGD on `model` under the plan and under Plan(): (the plan's
+    canonical state, the single device's, the plan's state, and that state rebuilt by
+    from_canonical(to_canonical(.)))."""
+    cfg, params, batch = setup(model)
+    states = []
+    for p in (Plan(), Plan(**plan)):
+        init, step = build_train_step(cfg, p, optax.sgd(0.1, momentum=0.9),
+                                      jax.devices()[:p.n_devices])
+        state = init(params)
+        for _ in range(2):
+            state, _ = step(state, batch)
+        states.append((state, step))
+    (ref_state, ref_step), (state, step) = states
+    canonical = step.canonical.to_canonical(state)
+    return (canonical, ref_step.canonical.to_canonical(ref_state), state,
+            step.canonical.from_canonical(canonical))
+
+
 def fp32_sum_bound(n_terms, c: float = 1.0) -> float:
     """c sqrt(n) eps_fp32: how far apart, relative to the total, two fp32 sums of the same n
     terms may land when taken in different orders (a loss: n target tokens' NLLs; a gradient

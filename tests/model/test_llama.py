@@ -16,7 +16,7 @@ from jaxscale.model.config import ModelConfig, ModelConfigError
 from jaxscale.training.config import TrainConfig
 from jaxscale.training.loop import train
 
-from conftest import fp32_sum_bound, one_step, setup
+from conftest import canonical_after_two_steps, fp32_sum_bound, one_step, setup
 
 # Meta's model cards and the configs' safetensors indexes (total parameters)
 PUBLISHED = {"llama2-7b": 6_738_415_616, "llama2-70b": 68_976_648_192,
@@ -127,25 +127,10 @@ def test_the_canonical_form_carries_the_new_tensors(plan):
     holds: W3, the untied head, k/v weights of 2 heads, no biases) within 1e-5 relative of
     the single device's, and from_canonical(to_canonical(state)) gives the plan's state
     back bit for bit."""
-    import optax
-    from jaxscale.parallel.build import build_train_step
-    from jaxscale.parallel.plan import Plan
-
-    cfg, params, batch = setup("tiny-llama")
-    states = []
-    for p in (Plan(), Plan(**plan)):
-        init, step = build_train_step(cfg, p, optax.sgd(0.1, momentum=0.9),
-                                      jax.devices()[:p.n_devices])
-        state = init(params)
-        for _ in range(2):
-            state, _ = step(state, batch)
-        states.append((state, step))
-    (ref_state, ref_step), (state, step) = states
-    canonical, ref = step.canonical.to_canonical(state), ref_step.canonical.to_canonical(ref_state)
+    canonical, ref, state, back = canonical_after_two_steps("tiny-llama", **plan)
     assert {"unembed", "blocks"} <= set(canonical.params) and "w3" in canonical.params["blocks"]
     assert compare_trees.max_rel_diff(canonical.params, ref.params) <= 1e-5
     assert compare_trees.max_rel_diff(canonical.opt_state[0].trace, ref.opt_state[0].trace) <= 1e-5
-    back = step.canonical.from_canonical(canonical)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 

@@ -18,7 +18,7 @@ from jaxscale.parallel import context as C
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.build import build_train_step
 
-from conftest import KEEP_GRADIENT, fp32_sum_bound, one_step, setup
+from conftest import KEEP_GRADIENT, canonical_after_two_steps, fp32_sum_bound, one_step, setup
 from jaxscale.model import config as model_config
 
 B, T, H, K = 2, 64, 2, 8
@@ -231,20 +231,8 @@ def test_new_layouts_convert_to_the_canonical_state_and_back(plan):
     holds) against the single device's: parameters and momentum within 1e-5 relative (Adam's
     first steps would turn ulps in a near-zero gradient into whole steps); and
     from_canonical(to_canonical(state)) gives the plan's state back bit for bit."""
-    cfg, params, batch = setup("tiny")
-    states = {}
-    for p in (Plan(), Plan(**plan)):
-        init, step = build_train_step(cfg, p, optax.sgd(0.1, momentum=0.9),
-                                      jax.devices()[:p.n_devices])
-        state = init(params)
-        for _ in range(2):
-            state, _ = step(state, batch)
-        states[p.n_devices] = (state, step)
-    state, step = states[8]
-    canonical = step.canonical.to_canonical(state)
-    ref = states[1][1].canonical.to_canonical(states[1][0])
+    canonical, ref, state, back = canonical_after_two_steps("tiny", **plan)
     assert compare_trees.max_rel_diff(canonical.params, ref.params) <= 1e-5
     assert compare_trees.max_rel_diff(canonical.opt_state[0].trace, ref.opt_state[0].trace) <= 1e-5
-    back = step.canonical.from_canonical(canonical)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
