@@ -1,4 +1,5 @@
-"""Compile-only targets: a Cloud TPU slice's devices on a machine that has none of them.
+"""Compile-only targets: a Cloud TPU slice's devices, or NVIDIA GPUs, on a machine that
+has none of them.
 
 libtpu (the optional extra `pip install -e ".[tpu]"`) carries XLA:TPU's compiler, and
 `jax.experimental.topologies.get_topology_desc` gives a slice's devices as compile-only
@@ -17,6 +18,11 @@ libtpu looks for a TPU when it starts and writes warnings about environment vari
 cannot find (straight to the process's stderr, from C++); they mean nothing here, and
 `target_devices` keeps them off the user's screen unless the call fails. It also lets
 several processes load libtpu at once (none of them drives a chip).
+
+GPUs the same way: the CUDA plugin (the optional extra `.[gpu]`) compiles for `h100-8`,
+`h200-8` (one host of 8) or `h100-16` (2 hosts of 8: multi-node layouts) from the device's
+facts (jaxscale.runtime.gpu_target_config); its topology string is "partitions x hosts x
+devices per host".
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
+
+from jaxscale.runtime.gpu_target_config import GPUS, target_config
 
 GIB = 2**30
 
@@ -60,16 +68,27 @@ class Target:
 
     @property
     def device_kind(self) -> str:
-        return DEVICE_KINDS[self.generation]
+        return GPUS[self.generation]["name"] if self.platform == "cuda" \
+            else DEVICE_KINDS[self.generation]
 
 
 def examples() -> str:
-    return ("v5e-16, v5e-256, v5p-8, v5p-512, v6e-64, or a topology such as v5e:4x4, "
-            "v5p:4x8x8")
+    return ("v5e-16, v5e-256, v5p-8, v5p-512, v6e-64, a topology such as v5e:4x4 or "
+            "v5p:4x8x8, or h100-8, h200-8, h100-16 (2 hosts of 8)")
 
 
 def parse_target(name: str) -> Target:
-    """The Target `name` stands for: GEN-N (Cloud TPU's accelerator type) or GEN:AxB[xC]."""
+    """The Target `name` stands for: GEN-N (Cloud TPU's accelerator type), GEN:AxB[xC], or
+    GPU-N (N of one NVIDIA GPU kind: up to 8 on one host, else whole hosts of 8)."""
+    gpu = re.fullmatch(r"(?P<gpu>h100|h200)-(?P<n>\d+)", name.strip())
+    if gpu:
+        n = int(gpu["n"])
+        if not (n in (1, 2, 4, 8) or (n > 8 and n % 8 == 0)):
+            raise TargetError(f"{name}: {gpu['gpu']}-N takes 1, 2, 4 or 8 GPUs on one host, "
+                              "or whole hosts of 8 (16, 24, ...)")
+        hosts, per_host = (1, n) if n <= 8 else (n // 8, 8)
+        return Target(name, gpu["gpu"], f"1x{hosts}x{per_host}", n,
+                      GPUS[gpu["gpu"]]["device_memory_size"], "cuda")
     m = re.fullmatch(r"(?P<gen>[a-z0-9]+)(?:-(?P<n>\d+)|:(?P<topo>\d+(?:x\d+)+))", name.strip())
     gen = m and ALIASES.get(m["gen"], m["gen"])
     if not m or gen not in GENERATIONS:
@@ -94,7 +113,15 @@ def parse_target(name: str) -> Target:
 
 
 def check_available(target: Target) -> None:
-    """Raise TargetError naming the install command when libtpu is not installed."""
+    """Raise TargetError naming the install command when the compiler is not installed:
+    libtpu for a TPU, the CUDA plugin and ptxas (the nvcc wheel) for a GPU."""
+    if target.platform == "cuda":
+        if importlib.util.find_spec("jax_cuda12_plugin") is None or \
+                importlib.util.find_spec("nvidia.cuda_nvcc") is None:
+            raise TargetError(f"--target {target.name} compiles with XLA:GPU, which needs the "
+                              "CUDA plugin and ptxas: pip install -e \".[gpu]\" (about "
+                              "1.2 GB; no GPU needed), then run again")
+        return
     if importlib.util.find_spec("libtpu") is None:
         raise TargetError(f"--target {target.name} compiles with XLA:TPU, which comes with "
                           "libtpu: pip install -e \".[tpu]\" (jax[tpu] at this jax's "
@@ -133,8 +160,13 @@ def target_devices(target: Target) -> list:
     from jax.experimental import topologies
 
     with _stderr_kept_back():
-        devices = topologies.get_topology_desc(topology_name=target.topology,
-                                               platform="tpu").devices
+        if target.platform == "cuda":  # (the plugin's "no CUDA driver here" kept back too)
+            devices = topologies.get_topology_desc(
+                platform="cuda", topology=target.topology,
+                target_config=target_config(target.generation)).devices
+        else:
+            devices = topologies.get_topology_desc(topology_name=target.topology,
+                                                   platform="tpu").devices
     if len(devices) != target.n_devices:
         raise TargetError(f"libtpu gave {len(devices)} devices for {target.topology}, "
                           f"expected {target.n_devices}")

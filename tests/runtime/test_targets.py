@@ -11,6 +11,12 @@ from jaxscale.runtime import targets as T
 from conftest import run_python
 
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
+HAVE_CUDA_PLUGIN = (importlib.util.find_spec("jax_cuda12_plugin") is not None
+                    and importlib.util.find_spec("nvidia.cuda_nvcc") is not None)
+# not installed by the test command: the plugin logs a line to stderr at every `import jax`
+# on a machine without a GPU, which the one-line error tests would see
+needs_cuda_plugin = pytest.mark.skipif(not HAVE_CUDA_PLUGIN,
+                                       reason='needs the CUDA plugin: pip install -e ".[gpu]"')
 needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU, reason='needs libtpu: pip install -e ".[tpu]"')
 GIB = 2**30
 
@@ -22,6 +28,9 @@ GIB = 2**30
     ("v5litepod-16", "v5e:4x4", 16, 16 * GIB),
     ("v6e-64", "v6e:8x8", 64, 32 * GIB),
     ("v5p:4x4x4", "v5p:4x4x4", 64, 95 * GIB),
+    ("h100-8", "1x1x8", 8, 84942979072),  # partitions x hosts x GPUs per host
+    ("h200-8", "1x1x8", 8, 151397597184),
+    ("h100-16", "1x2x8", 16, 84942979072),
 ])
 def test_target_names_give_their_chips(name, topology, chips, hbm):
     t = T.parse_target(name)
@@ -29,11 +38,12 @@ def test_target_names_give_their_chips(name, topology, chips, hbm):
 
 
 @pytest.mark.parametrize("name, words", [
-    ("h100-8", "unknown target 'h100-8'; use one of v5e-16"),
+    ("a100-8", "unknown target 'a100-8'; use one of v5e-16"),
     ("v4-8", "v4 is not offered"),
     ("v5p-6", "v5p-N counts TensorCores (2 per chip); N is one of 8, 16"),
     ("v5e-12", "v5e-N counts chips; N is one of 1, 4, 8"),
     ("v5e:3x3", "v5e has no topology 3x3; choose from 1x1, 2x2"),
+    ("h100-12", "h100-N takes 1, 2, 4 or 8 GPUs on one host, or whole hosts of 8"),
 ])
 def test_bad_targets_are_named_with_the_valid_ones(name, words):
     with pytest.raises(T.TargetError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -130,3 +140,26 @@ def test_plan_verify_needs_a_target_and_a_model():
     r = run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
                    "plan", "--params", "7e9", "--devices", "8", "--verify", "2")
     assert r.returncode == 2 and "--verify N needs --target NAME and --model" in r.stderr
+
+
+def test_the_gpu_target_config_is_the_devices_facts():
+    from jaxscale.runtime.gpu_target_config import target_config
+    text = target_config("h200")
+    assert "core_count: 132" in text and "device_memory_size: 151397597184" in text
+    assert 'platform_name: "CUDA"' in text and text.count("{") == text.count("}")
+    monkey = T.parse_target("h100-8")
+    assert monkey.device_kind == "NVIDIA H100 80GB HBM3" and monkey.platform == "cuda"
+
+
+@needs_cuda_plugin
+def test_xla_gpu_compiles_for_eight_h100s_here(tmp_path):
+    """XLA:GPU for 8 H100s from this CPU: ZeRO-3's state arguments equal the closed form
+    (within the step's scalars), and the program gathers and reduce-scatters."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL_LLAMA))
+    r = _compare(tmp_path / "a", "--target", "h100-8", "--model", str(config),
+                 "--strategy", "dp=8,zero=3,precision=bf16", "--batch-size", "8")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)["rows"][0]
+    assert 0 <= row["rel_diff"] <= 0.005 and row["fits"]
+    assert row["collectives_per_step"].get("all-gather", 0) > 0
