@@ -57,6 +57,17 @@ def _ids(argv) -> str:
     return " ".join(argv)[:60]
 
 
+def _needs_the_targets_compiler(argv) -> None:
+    """Skip a `--target` line, with the install command, where its compiler is missing (the
+    test command installs libtpu; the CUDA plugin is optional)."""
+    if "--target" in argv:
+        from jaxscale.runtime import targets
+        try:
+            targets.check_available(targets.parse_target(argv[argv.index("--target") + 1]))
+        except targets.TargetError as e:
+            pytest.skip(str(e))
+
+
 def _to_tmp(argv: list[str], tmp_path: Path) -> list[str]:
     """The same command with every output file or folder inside tmp_path."""
     out = list(argv)
@@ -74,6 +85,7 @@ def test_the_readme_shows_every_calculator_and_train():
 @pytest.mark.parametrize("argv, comment", CALCULATOR_LINES,
                          ids=[_ids(a) for a, _ in CALCULATOR_LINES])
 def test_calculator_line_runs(cli, tmp_path, argv, comment):
+    _needs_the_targets_compiler(argv)
     result = cli(*_to_tmp(argv, tmp_path), "--json")
     assert isinstance(result, dict) and result
     if "--png" in argv:
@@ -182,6 +194,7 @@ def _options_kept(argv, cfg) -> int:
 
 @pytest.mark.parametrize("argv", COMPARE_LINES, ids=[_ids(a) for a in COMPARE_LINES])
 def test_compare_line_gets_to_its_workers(tmp_path, monkeypatch, argv):
+    _needs_the_targets_compiler(argv)
     from jaxscale.cli.commands import compare as compare_command
     from jaxscale.compare import run as compare_runner
     specs = []
