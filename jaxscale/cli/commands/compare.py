@@ -153,12 +153,13 @@ def run(args) -> int:
 
     from jaxscale.runtime import processes as distributed
     from jaxscale.compare.strategies import CompareError
-    target, cfg = _target_and_job(args, model_config.preset(args.model))
+    from jaxscale.cli.commands.compare_target import check_target_sizes, target_and_job
+    target, cfg = target_and_job(args, model_config.preset(args.model))
     on_cpu = args.platform == "cpu" or (args.platform == "auto"
                                         and not devlib.accelerator_installed())
     plans = _checked_plans(args, cfg, on_cpu)  # all valid before JAX starts
     if target is not None:
-        _check_target_sizes(plans, target, args.strategy)
+        check_target_sizes(plans, target, args.strategy, cfg)
     out = Path(args.out)
     cluster = distributed.from_args(args)
     if args.abstract:
@@ -221,40 +222,6 @@ def run(args) -> int:
         report.print_table(result)
         print(f"report, JSON and charts in {out}/", file=sys.stderr)
     return 0 if result["all_pass"] else 1
-
-
-def _target_and_job(args, cfg):
-    """(the --target, or None; the model with the job's --seq), checked before JAX starts;
-    --devices defaults to the target's chips (else 8) and must match them."""
-    import dataclasses
-
-    from jaxscale.compare.strategies import CompareError
-    from jaxscale.runtime import targets
-    if (args.target or args.seq) and not args.abstract:
-        raise CompareError("--target and --seq only compile: add --abstract")
-    target = None
-    if args.target:
-        try:
-            target = targets.parse_target(args.target)
-            targets.check_available(target)
-        except targets.TargetError as e:
-            raise CompareError(str(e)) from None
-        if args.devices not in (None, target.n_devices):
-            raise CompareError(f"--devices {args.devices}, but {target.name} has "
-                               f"{target.n_devices} chips: drop --devices, or pick a target "
-                               "of that many chips")
-        args.devices = target.n_devices
-    args.devices = args.devices or 8
-    return target, dataclasses.replace(cfg, seq_len=args.seq) if args.seq else cfg
-
-
-def _check_target_sizes(plans, target, layouts) -> None:
-    """A written-out layout must use every chip of the target."""
-    from jaxscale.compare.strategies import CompareError
-    for name, plan in plans.items():
-        if name in layouts and plan.n_devices != target.n_devices:
-            raise CompareError(f"layout {name} uses {plan.n_devices} devices, but "
-                               f"{target.name} has {target.n_devices} chips")
 
 
 def _run_abstract(args, cfg, plans, out: Path, target=None) -> int:

@@ -1,0 +1,48 @@
+"""`compare --abstract --target`: the target and the job checked before JAX starts (the
+compile itself is jaxscale.compare.abstract's, on jaxscale.runtime.targets' devices)."""
+from __future__ import annotations
+
+
+def target_and_job(args, cfg):
+    """(the --target, or None; the model with the job's --seq), checked before JAX starts;
+    --devices defaults to the target's chips (else 8) and must match them."""
+    import dataclasses
+
+    from jaxscale.compare.strategies import CompareError
+    from jaxscale.runtime import targets
+    if (args.target or args.seq) and not args.abstract:
+        raise CompareError("--target and --seq only compile: add --abstract")
+    target = None
+    if args.target:
+        try:
+            target = targets.parse_target(args.target)
+            targets.check_available(target)
+        except targets.TargetError as e:
+            raise CompareError(str(e)) from None
+        if args.devices not in (None, target.n_devices):
+            raise CompareError(f"--devices {args.devices}, but {target.name} has "
+                               f"{target.n_devices} chips: drop --devices, or pick a target "
+                               "of that many chips")
+        args.devices = target.n_devices
+    args.devices = args.devices or 8
+    return target, dataclasses.replace(cfg, seq_len=args.seq) if args.seq else cfg
+
+
+def check_target_sizes(plans, target, layouts, cfg) -> None:
+    """A written-out layout must use every chip of the target, and some plan's model states
+    (the closed form) must fit one chip: otherwise nothing is worth compiling."""
+    from jaxscale.compare.abstract import predicted_states
+    from jaxscale.compare.strategies import CompareError
+    from jaxscale.costmodel.units import human_bytes
+    for name, plan in plans.items():
+        if name in layouts and plan.n_devices != target.n_devices:
+            raise CompareError(f"layout {name} uses {plan.n_devices} devices, but "
+                               f"{target.name} has {target.n_devices} chips")
+    states = {name: predicted_states(cfg, p)["total"] for name, p in plans.items()}
+    least = min(states, key=states.get)
+    if states[least] > target.hbm_bytes:
+        raise CompareError(f"no plan fits even before activations: the least, {least}, needs "
+                           f"{human_bytes(states[least])} of model states per chip and a "
+                           f"{target.generation} chip has {human_bytes(target.hbm_bytes)} "
+                           f"({states[least] / target.hbm_bytes:.1f}x); shard them over more "
+                           "chips (zero=3, tp, pp) or pick a bigger slice")
