@@ -14,7 +14,6 @@ from jaxscale.parallel.hybrid import check_divisible
 from jaxscale.parallel.plan import Plan, PlanError
 
 PRECISION_OF_BUDGET = {"mixed-adam": "bf16", "fp32-adam": "fp32"}
-REMAT_OF_RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
 
 
 def to_plan(layout: dict, micro_batches: int, budget: str) -> Plan:
@@ -26,7 +25,7 @@ def to_plan(layout: dict, micro_batches: int, budget: str) -> Plan:
     return Plan(dp=layout["dp"], tp=layout["tp"], pp=layout["pp"], cp=layout["cp"],
                 sequence_parallel=layout["sequence_parallel"], zero_stage=layout["zero"],
                 micro_batches=micro_batches, virtual=layout["virtual"],
-                schedule=layout["schedule"], remat=REMAT_OF_RECOMPUTE[layout["recompute"]],
+                schedule=layout["schedule"], remat=layout["recompute"],
                 precision=PRECISION_OF_BUDGET[budget])
 
 
