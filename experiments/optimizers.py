@@ -241,7 +241,8 @@ def part_b(lab: Lab, out: Path) -> dict:
         params, states, gaps = update([grad(p, batch) for p in params], states, params)
         diffs.append(gaps)  # left on the device: no wait for the host at each step
     diffs = np.asarray(jnp.stack(diffs))  # [steps, pairs]
-    rows = [{"optimizer": name, "max_abs_diff_after": {t: float(diffs[t - 1, j]) for t in (1, 4, 16)}}
+    rows = [{"optimizer": name,
+             "max_abs_diff_after": {t: float(diffs[t - 1, j]) for t in (1, 4, 16)}}
             for j, name in enumerate(pairs)]
     print_table("b. max |ours - optax| over all parameters, after t steps (jit, real gradients)",
                 ["optimizer", "t = 1", "t = 4", "t = 16"],

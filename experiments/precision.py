@@ -50,20 +50,28 @@ class Lab:
         self.n_params = model_config.param_count(model_config.preset("tiny"))
 
 
-def run_policy(lab: Lab, pol: P.Policy, optimizer_for, hypers, steps: int, batch_factors=None):
-    """Train under `pol` for each grid point (vmapped); per-step metrics and final val loss."""
-    batches = jax.tree.map(lambda x: x[:steps], lab.batches)
-
-    def one(h, factor):
+def run_policies(lab: Lab, policies: dict, optimizer_for, hypers, steps: int,
+                 batch_factors=None) -> dict:
+    """Train under each of `policies` ({label: Policy}) at each grid point (vmapped), all
+    in one compiled program: XLA compiles the pieces the policies share once (about a
+    quarter less compile time than one program per policy, measured), and each policy's
+    runs are the same computation as in a program of their own (bit-identical results).
+    Returns {label: (per-step metrics, final val loss)}."""
+    def one(pol, h, factor, params0, batches, val):
         opt = optimizer_for(h)
         step = steplib.make_step(lab.graphdef, opt, pol, batch_factor=factor)
-        state, metrics = jax.lax.scan(step, steplib.init_state(lab.params0, opt, pol), batches)
-        return metrics, sweep.val_loss(lab.graphdef, state.params, lab.val)
+        state, metrics = jax.lax.scan(step, steplib.init_state(params0, opt, pol), batches)
+        return metrics, sweep.val_loss(lab.graphdef, state.params, val)
+
+    @jax.jit
+    def program(hypers, factors, params0, batches, val):
+        return {label: jax.vmap(lambda h, f, pol=pol: one(pol, h, f, params0, batches, val))(
+            hypers, factors) for label, pol in policies.items()}
 
     hypers = jnp.asarray(hypers, jnp.float32)
     factors = jnp.ones(len(hypers)) if batch_factors is None else jnp.asarray(batch_factors)
-    metrics, val = jax.jit(jax.vmap(one))(hypers, factors)
-    return jax.tree.map(np.asarray, metrics), np.asarray(val)
+    batches = jax.tree.map(lambda x: x[:steps], lab.batches)
+    return jax.tree.map(np.asarray, program(hypers, factors, lab.params0, batches, lab.val))
 
 
 # ------------------------------------------------------------------------------------
@@ -173,10 +181,11 @@ CURVES = {
 
 def part_c(lab: Lab, out: Path, steps: int = 400, lr: float = 3e-3) -> dict:
     rows, curves = [], {}
-    for label, pol in CURVES.items():
-        t0 = time.perf_counter()
-        m, val = run_policy(lab, pol, lambda h: optim.adam(lr), [lr, lr], steps, [1.0, SMALL])
-        log(f"    {label}: {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    runs = run_policies(lab, CURVES, lambda h: optim.adam(lr), [lr, lr], steps, [1.0, SMALL])
+    log(f"    {len(CURVES)} policies x 2 runs x {steps} steps: {time.perf_counter() - t0:.1f} s")
+    for label in CURVES:
+        m, val = runs[label]
         for i, size in enumerate(("real", "4096x smaller")):
             loss = m["loss"][i]
             curves[(label, size)] = loss
@@ -230,12 +239,14 @@ def part_d(lab: Lab, out: Path, steps: int = 150) -> dict:
     def optimizer_for(h):  # h = (peak lr, 1 for cosine / 0 for constant)
         return optim.adam(lambda count: h[0] * (h[1] * shape(count) + (1 - h[1])))
 
-    rows = []
-    for label, pol in (("bf16 weights, no master", P.policy("bf16-pure")),
-                       ("fp32 master weights", P.policy("bf16"))):
-        t0 = time.perf_counter()
-        m, val = run_policy(lab, pol, optimizer_for, list(zip(peaks, cosine)), steps)
-        log(f"    {label}: {time.perf_counter() - t0:.1f} s")
+    rows, t0 = [], time.perf_counter()
+    policies = {"bf16 weights, no master": P.policy("bf16-pure"),
+                "fp32 master weights": P.policy("bf16")}
+    runs = run_policies(lab, policies, optimizer_for, list(zip(peaks, cosine)), steps)
+    log(f"    {len(policies)} policies x {len(peaks)} runs x {steps} steps: "
+        f"{time.perf_counter() - t0:.1f} s")
+    for label in policies:
+        m, val = runs[label]
         for i, (peak, cos) in enumerate(zip(peaks, cosine)):
             sw = m["swallowed"][i]
             rows.append({"weights": label, "lr": f"{peak:g}" + (" cosine" if cos else ""),
