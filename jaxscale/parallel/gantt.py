@@ -1,7 +1,8 @@
 """Gantt charts of a simulated pipeline schedule (jaxscale.parallel.schedules), as PNGs.
 
-One lane per device and one box per action: forwards in blues, backwards in oranges, one
-shade per model chunk. Each box carries the largest label that fits inside it (F3a, else
+One lane per device and one box per action: forwards in blues, backwards in oranges (in a
+split backward: input gradients in oranges, weight gradients in greens), one shade per
+model chunk. Each box carries the largest label that fits inside it (F3a, else
 the micro-batch number alone, else nothing), and the legend says when labels were
 shortened or left out, so that a crowded chart never shows overlapping or clipped text.
 """
@@ -12,7 +13,8 @@ import numpy as np
 from jaxscale.parallel.schedules import Timeline, time_unit
 from jaxscale.report import pyplot, save_figure
 
-KIND_WORDS = {"F": "forward", "B": "backward"}
+KIND_WORDS = {"F": "forward", "B": "backward", "W": "weight gradient"}
+SPLIT_WORDS = {**KIND_WORDS, "B": "input gradient"}  # when the backward is split
 LABEL_SIZES = (7, 5.5)  # points: the larger first
 
 
@@ -33,19 +35,23 @@ def gantt_figure(timeline: Timeline, title: str | None = None):
     colour = _shades(plt, tl.v)
     _draw_boxes(ax, tl, colour, width)
     cost = {a.kind: (end - start) * tl.v for row in tl.rows for start, end, a in row}
+    words = SPLIT_WORDS if tl.split else KIND_WORDS
     ax.set_yticks(range(tl.p), [f"device {s}" for s in range(tl.p)])
     ax.invert_yaxis()
     ax.set(xlim=(0, float(tl.makespan)), ylim=(tl.p - 0.5, -0.5), xlabel=(
-        f"time (one stage's forward = {float(cost['F']):g}, backward = {float(cost['B']):g})"),
+        "time (one stage's " + ", ".join(f"{words[k]} = {float(c):g}" for k, c in cost.items())
+        + ")"),
         title=title or f"p={tl.p}, m={tl.m}, v={tl.v}: idle {float(tl.idle_fraction):.1%}")
     counts = _legend_and_labels(fig, ax, tl, colour)
     return fig, counts
 
 
 def _shades(plt, v: int):
-    """colour(kind, chunk): Blues for forwards, Oranges for backwards, darker per chunk."""
-    cmaps = {"F": plt.get_cmap("Blues"), "B": plt.get_cmap("Oranges")}
-    table = {(kind, c): cmaps[kind](0.45 + 0.4 * c / max(1, v - 1)) for kind in "FB"
+    """colour(kind, chunk): Blues for forwards, Oranges for backwards (input gradients),
+    Greens for weight gradients, darker per chunk."""
+    cmaps = {"F": plt.get_cmap("Blues"), "B": plt.get_cmap("Oranges"),
+             "W": plt.get_cmap("Greens")}
+    table = {(kind, c): cmaps[kind](0.45 + 0.4 * c / max(1, v - 1)) for kind in cmaps
              for c in range(v)}  # looked up once per box: a colormap call costs ~25 us
 
     def colour(kind: str, chunk: int):
@@ -72,8 +78,10 @@ def _legend_and_labels(fig, ax, tl: Timeline, colour) -> dict:
     changes the layout again, so fit again until the notes settle.
     """
     plt = pyplot()
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colour(k, c), label=KIND_WORDS[k] + (
-        f", chunk {chr(ord('a') + c)}" if tl.v > 1 else "")) for k in "FB" for c in range(tl.v)]
+    words = SPLIT_WORDS if tl.split else KIND_WORDS
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour(k, c), label=words[k] + (
+        f", chunk {chr(ord('a') + c)}" if tl.v > 1 else "")) for k in ("FBW" if tl.split else "FB")
+        for c in range(tl.v)]
     blank = plt.Rectangle((0, 0), 1, 1, fill=False, edgecolor="none")
     notes, texts = [], []
     for _ in range(3):

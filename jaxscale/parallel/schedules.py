@@ -2,7 +2,9 @@
 
 A pipeline cuts the model's layers into p stages, one per device, and the batch into m
 micro-batches. For every micro-batch each device runs a forward (F) and, later, a backward
-(B) of its stage. A *schedule* is only the order in which each device runs those actions:
+of its stage: one action (B), or two when the schedule splits it (B for the input gradient,
+W for the weights: jaxscale.parallel.actions). A *schedule* is only the order in which each
+device runs those actions:
 
   gpipe        all m forwards, then all m backwards (Huang et al. 2019).
   1f1b         PipeDream-flush (Narayanan et al. 2021): device s runs min(p-s-1, m) warm-up
@@ -12,9 +14,9 @@ micro-batches. For every micro-batch each device runs a forward (F) and, later, 
   interleaved  Megatron-LM's interleaved 1F1B: each device holds v model chunks, the
                virtual stages s, s+p, ..., s+(v-1)p, so the pipeline has v*p stages, each
                1/v as long, and the bubble shrinks v-fold: (p-1)/(v*m+p-1).
+  zb-h1, zb-h2 the zero-bubble schedules of Qi et al. 2023 (jaxscale.parallel.zero_bubble):
+               1F1B with the backward split, the weight gradients moved into the gaps.
 
-Dependencies, with virtual stage k = chunk*p + device and V = v*p virtual stages:
-    F(j, k) needs F(j, k-1);   B(j, k) needs B(j, k+1);   B(j, V-1) needs F(j, V-1).
 `simulate` runs each device's order strictly in sequence: an action starts once its device
 has finished the previous one and its dependencies are done. Nothing is left to choose, so
 this is what an event-driven simulation, or a real executor with blocking send/receive
@@ -29,36 +31,13 @@ from fractions import Fraction
 from functools import cached_property
 from itertools import accumulate
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+from jaxscale.parallel import zero_bubble
+from jaxscale.parallel.actions import Action, ScheduleError, check_counts, dependencies
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", *zero_bubble.ZERO_BUBBLE)
+SPLIT = zero_bubble.ZERO_BUBBLE  # the schedules whose backward is two actions, B and W
 MAX_CHART_COLUMNS = 5000
-
-
-class ScheduleError(ValueError):
-    """A schedule name, size or order that cannot run; the message says what would."""
-
-
-@dataclass(frozen=True, order=True)
-class Action:
-    """One unit of pipeline work: kind "F" or "B" of micro-batch j on chunk c of device s."""
-
-    kind: str
-    micro_batch: int
-    chunk: int
-    stage: int  # the device (pipeline rank); its virtual stage is chunk * p + stage
-
-    def virtual_stage(self, p: int) -> int:
-        """Position of this chunk in the whole pipeline of v*p virtual stages."""
-        return self.chunk * p + self.stage
-
-    def label(self, v: int = 1) -> str:
-        """Short name: F3 for micro-batch 3's forward; with v > 1 chunks, F3a, F3b, ..."""
-        return f"{self.kind}{self.micro_batch}" + (chr(ord("a") + self.chunk) if v > 1 else "")
-
-
-def _check_counts(p, m, v) -> None:  # positive integers, not bools
-    for name, value in (("stages p", p), ("micro-batches m", m), ("virtual chunks v", v)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ScheduleError(f"{name} must be a positive integer, got {value!r}")
+__all__ = ["Action", "ScheduleError", "dependencies"]  # the vocabulary, with the schedules
 
 
 def _exact(value) -> Fraction:
@@ -71,10 +50,15 @@ def check_sizes(schedule: str, p: int, m: int, v: int = 1) -> None:
     if schedule not in SCHEDULES:
         raise ScheduleError(f"unknown pipeline schedule {schedule!r}; choose from "
                             f"{', '.join(SCHEDULES)}")
-    _check_counts(p, m, v)
+    check_counts(p, m, v)
     if schedule != "interleaved" and v != 1:
         raise ScheduleError(f"{schedule} runs one chunk per device, got v={v}; "
                             "use the interleaved schedule for v > 1")
+    least = {"zb-h1": p, "zb-h2": 2 * p}.get(schedule, 1)  # its warm-up's forwards, at least
+    if m < least:
+        raise ScheduleError(f"{schedule} needs at least {'2 x ' * (least > p)}as many "
+                            f"micro-batches as stages (its warm-up fills the pipeline), got "
+                            f"m={m}, p={p}; try m={least}")
     if schedule == "interleaved":
         if v < 2:
             raise ScheduleError("interleaved needs v >= 2 model chunks per device, got v=1 "
@@ -88,10 +72,13 @@ def check_sizes(schedule: str, p: int, m: int, v: int = 1) -> None:
 def stage_orders(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
     """For each of the p devices, the order in which it runs its forwards and backwards.
 
-    Every device runs F and B once for each (micro-batch, chunk), and running each list
-    in sequence with blocking transfers between stages never deadlocks (`simulate` checks).
+    Every device runs F and B (and W, if split) once for each (micro-batch, chunk), and
+    running each list in sequence with blocking transfers between stages never deadlocks
+    (`simulate` checks).
     """
     check_sizes(schedule, p, m, v)
+    if schedule in SPLIT:
+        return [zero_bubble.device_order(schedule, s, p, m) for s in range(p)]
     orders = []
     for s in range(p):
         if schedule == "gpipe":
@@ -122,16 +109,6 @@ def _one_forward_one_backward(s: int, p: int, m: int, v: int, warmup: int) -> li
     return order + [nth(k, "B") for k in range(total - warmup, total)]
 
 
-def dependencies(action: Action, p: int, v: int) -> list[Action]:
-    """The actions (on any device) that must finish before `action` can start."""
-    k, last, j = action.virtual_stage(p), v * p - 1, action.micro_batch
-    if action.kind == "F":
-        return [] if k == 0 else [Action("F", j, (k - 1) // p, (k - 1) % p)]
-    if k == last:
-        return [Action("F", j, action.chunk, action.stage)]
-    return [Action("B", j, (k + 1) // p, (k + 1) % p)]
-
-
 @dataclass(frozen=True)
 class Timeline:
     """What each device ran and when: rows[s] is a list of (start, end, Action); times exact."""
@@ -157,37 +134,58 @@ class Timeline:
         return 1 - sum(self.busy) / (self.p * self.makespan)
 
     @property
+    def split(self) -> bool:
+        """Whether the backward ran as two actions, B and W."""
+        return any(a.kind == "W" for row in self.rows for _, _, a in row)
+
+    @property
     def peak_in_flight(self) -> list[int]:
-        """Per device, the most forwards done whose backward is not: activations held.
+        """Per device, the most micro-batches whose forward is done and whose backward is
+        not (with the backward split: whose W is not): activations held.
 
         With v > 1 this counts chunk activations, each 1/v of the device's layers.
         """
-        return [max(accumulate(1 if a.kind == "F" else -1 for _, _, a in row), default=0)
-                for row in self.rows]
+        freed = "W" if self.split else "B"
+        return [max(accumulate(1 if a.kind == "F" else -(a.kind == freed) for _, _, a in row),
+                    default=0) for row in self.rows]
+
+
+def action_costs(f_cost=1.0, b_cost=2.0, w_cost=None, v: int = 1,
+                 split: bool = False) -> dict[str, Fraction]:
+    """Each action's time, exact: f_cost and b_cost are a whole stage's forward and backward
+    (a chunk takes 1/v of them); a split backward is B = b_cost - w_cost and W = w_cost
+    (default: half the backward each)."""
+    f, b = _exact(f_cost), _exact(b_cost)
+    w = b / 2 if w_cost is None else _exact(w_cost)
+    if f <= 0 or b <= 0 or (split and not 0 < w < b):
+        raise ScheduleError(f"costs must be positive, got forward {f_cost}, backward {b_cost}"
+                            + (f", weight part {w_cost} (it must be less than the backward)"
+                               if split else ""))
+    cost = {"F": f, "B": b - w, "W": w} if split else {"F": f, "B": b}
+    return {k: c / v for k, c in cost.items()}
 
 
 def simulate(orders: list[list[Action]], p: int, m: int, v: int = 1,
-             f_cost=1.0, b_cost=2.0) -> Timeline:
+             f_cost=1.0, b_cost=2.0, w_cost=None) -> Timeline:
     """Run each device's order: an action starts when its device is free and its inputs are.
 
-    f_cost and b_cost are a full stage's forward and backward times; a chunk takes 1/v of
-    them. Raises ScheduleError if an order misses or repeats work, or would deadlock.
+    Costs as `action_costs` says (the orders split the backward if they hold any W).
+    Raises ScheduleError if an order misses or repeats work, or would deadlock.
     """
-    _check_counts(p, m, v)
-    cost = {"F": _exact(f_cost) / v, "B": _exact(b_cost) / v}
-    if min(cost.values()) <= 0:
-        raise ScheduleError(f"costs must be positive, got forward {f_cost}, backward {b_cost}")
+    check_counts(p, m, v)
+    split = any(a.kind == "W" for order in orders for a in order)
+    cost = action_costs(f_cost, b_cost, w_cost, v, split)
     if len(orders) != p:
         raise ScheduleError(f"need one order per device: {p} devices, got {len(orders)} orders")
     for s, order in enumerate(orders):
-        want = sorted(Action(k, j, c, s) for k in "FB" for j in range(m) for c in range(v))
+        want = sorted(Action(k, j, c, s) for k in cost for j in range(m) for c in range(v))
         if sorted(order) != want:
-            raise ScheduleError(f"device {s} must run F and B exactly once for each of the "
-                                f"{m} micro-batches on each of its {v} chunks")
+            raise ScheduleError(f"device {s} must run {' and '.join(cost)} exactly once for "
+                                f"each of the {m} micro-batches on each of its {v} chunks")
     end: dict[Action, Fraction] = {}  # finish time of every action run so far
     # per device: what it ran, when it is free, the index of its next action
     rows, free, nxt = [[] for _ in range(p)], [Fraction(0)] * p, [0] * p
-    while len(end) < 2 * m * v * p:
+    while len(end) < len(cost) * m * v * p:
         progressed = False
         for s in range(p):  # run each device as far as its inputs allow
             while nxt[s] < len(orders[s]):
@@ -206,18 +204,26 @@ def simulate(orders: list[list[Action]], p: int, m: int, v: int = 1,
     return Timeline(p, m, v, rows)
 
 
-def bubble_over_total(schedule: str, p: int, m: int, v: int = 1) -> Fraction:
+def bubble_over_total(schedule: str, p: int, m: int, v: int = 1, f_cost=1.0, b_cost=2.0,
+                      w_cost=None) -> Fraction:
     """The textbook idle fraction, idle over the whole time: (p-1)/(m+p-1), and
-    (p-1)/(v*m+p-1) when interleaved; exact, to compare with the simulated timeline. The
-    float twin for any sizes is jaxscale.costmodel.bubble_over_total; Narayanan et al.'s
-    bubble over ideal time is jaxscale.costmodel.bubble_over_ideal."""
+    (p-1)/(v*m+p-1) when interleaved, whatever the costs; for the zero-bubble schedules,
+    zero_bubble.idle_per_device over it plus the work, which depends on the costs. Exact,
+    to compare with the simulated timeline. The float twin for any sizes is
+    jaxscale.costmodel.bubble_over_total; Narayanan et al.'s bubble over ideal time is
+    jaxscale.costmodel.bubble_over_ideal."""
     check_sizes(schedule, p, m, v)
-    return Fraction(p - 1, v * m + p - 1)
+    if schedule not in SPLIT:
+        return Fraction(p - 1, v * m + p - 1)
+    c = action_costs(f_cost, b_cost, w_cost, split=True)
+    idle = zero_bubble.idle_per_device(schedule, p, c["F"], c["B"], c["W"])
+    return idle / (idle + m * sum(c.values()))
 
 
-def run(schedule: str, p: int, m: int, v: int = 1, f_cost=1.0, b_cost=2.0) -> Timeline:
+def run(schedule: str, p: int, m: int, v: int = 1, f_cost=1.0, b_cost=2.0,
+        w_cost=None) -> Timeline:
     """stage_orders then simulate: the timeline of one named schedule."""
-    return simulate(stage_orders(schedule, p, m, v), p, m, v, f_cost, b_cost)
+    return simulate(stage_orders(schedule, p, m, v), p, m, v, f_cost, b_cost, w_cost)
 
 
 def smallest_micro_batches(schedule: str, p: int, max_idle=0.10, v: int = 1,

@@ -296,12 +296,28 @@ def test_cli_json_has_every_figure(schedule_cli, tmp_path):
     assert r["idle_fraction_exact"] == "3/7" and r["peak_in_flight"] == [4] * 4
 
 
+def test_cli_zero_bubble_splits_the_backward(schedule_cli):
+    code, out, _ = schedule_cli("--schedule", "zb-h1", "--micro-batches", "8", "--weight-cost",
+                                "0.8", "--json")
+    r = json.loads(out)
+    assert code == 0 and r["weight_cost"] == 0.8 and r["matches_formula"] is True
+    assert r["idle_fraction_exact"] == "7/47"  # idle 3 x (1 + 1.2 - 0.8) = 4.2 over 28.2
+    assert r["peak_in_flight"] == [4] * 4 and r["orders"][3][:3] == ["F0", "B0", "F1"]
+    assert {e["kind"] for e in r["timeline"][0]} == {"F", "B", "W"}
+    code, out, _ = schedule_cli("--schedule", "zb-h2", "--micro-batches", "8")
+    assert "backward 2 = input gradient B 1 + weight gradient W 1 per stage" in out
+    assert "simulated 1/9 = 0.1111" in out and "(equal)" in out and "(held from F until W)" in out
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--schedule", "zigzag"], ["'zigzag'", "gpipe, 1f1b, interleaved"]),
     (["--schedule", "1f1b", "--virtual", "2"], ["--virtual 2", "interleaved"]),
     (["--schedule", "gpipe", "--virtual", "3"], ["--virtual 3", "interleaved"]),
     (["--schedule", "interleaved", "--micro-batches", "6"], ["multiple", "m=6", "p=4"]),
     (["--schedule", "interleaved", "--virtual", "1"], ["v >= 2"]),
+    (["--schedule", "1f1b", "--weight-cost", "1"], ["--weight-cost", "zb-h1, zb-h2", "1f1b"]),
+    (["--schedule", "zb-h1", "--weight-cost", "2"], ["weight part 2.0", "less than the backward"]),
+    (["--schedule", "zb-h2", "--micro-batches", "6"], ["zb-h2", "m=6, p=4", "try m=8"]),
     (["--stages", "0"], ["--stages", "0"]),
     (["--micro-batches", "-3"], ["--micro-batches", "-3"]),
     (["--virtual", "0"], ["--virtual", "0"]),

@@ -49,6 +49,10 @@ def register(subparsers) -> None:
                    metavar="T", help="time of one stage's forward (default 1)")
     p.add_argument("--backward-cost", type=_number(float, 0, exclusive=True), default=2.0,
                    metavar="T", help="time of one stage's backward (default 2)")
+    p.add_argument("--weight-cost", type=_number(float, 0, exclusive=True), default=None,
+                   metavar="T", help="zero-bubble schedules (zb-h1, zb-h2) split the backward "
+                   "into the input gradient (B) and the weight gradient (W): W's time, less "
+                   "than the backward's (default half of it); B takes the rest")
     p.add_argument("--png", type=_figure_file, default=None, metavar="FILE",
                    help="also write a Gantt chart to FILE (its folder must exist; .png, or "
                         "another format matplotlib writes: .svg, .pdf, ...)")
@@ -78,10 +82,16 @@ def _cmd_schedule(args) -> int:
             f"--stages {p} x --micro-batches {m} x --virtual {v} = {p * m * v:,} forwards to "
             f"simulate, more than {MAX_FORWARDS:,} (a chart of {2 * p * m * v:,} boxes); "
             "lower one of them")
+    if args.weight_cost is not None and name not in sched.SPLIT:
+        raise sched.ScheduleError(f"--weight-cost is for the schedules that split the backward "
+                                  f"({', '.join(sched.SPLIT)}); {name} runs it whole")
+    costs = (args.forward_cost, args.backward_cost, args.weight_cost)
     orders = sched.stage_orders(name, p, m, v)
-    tl = sched.simulate(orders, p, m, v, args.forward_cost, args.backward_cost)
-    formula_text = "(p-1)/(v*m+p-1)" if v > 1 else "(p-1)/(m+p-1)"
-    formula, simulated = sched.bubble_over_total(name, p, m, v), tl.idle_fraction
+    tl = sched.simulate(orders, p, m, v, *costs)
+    formula_text = ("idle/(idle+m(F+B+W)), idle = (p-1) max(F, F+B-" + "2" * (name == "zb-h2")
+                    + "W)" if name in sched.SPLIT
+                    else "(p-1)/(v*m+p-1)" if v > 1 else "(p-1)/(m+p-1)")
+    formula, simulated = sched.bubble_over_total(name, p, m, v, *costs), tl.idle_fraction
     chart = sched.text_chart(tl)
     png = None if args.png is None else str(args.png)
     if png:
@@ -91,6 +101,8 @@ def _cmd_schedule(args) -> int:
         print(json.dumps({
             "schedule": name, "stages": p, "micro_batches": m, "virtual": v,
             "forward_cost": args.forward_cost, "backward_cost": args.backward_cost,
+            "weight_cost": (float(sched.action_costs(*costs, split=True)["W"])
+                            if tl.split else None),
             "makespan": float(tl.makespan), "busy": [float(b) for b in tl.busy],
             "idle_fraction": float(simulated), "idle_fraction_exact": str(simulated),
             "formula": formula_text, "formula_idle_fraction": float(formula),
@@ -104,16 +116,18 @@ def _cmd_schedule(args) -> int:
         return 0
     what = "micro-batches" if v == 1 else f"chunk activations (each 1/{v} of a device's layers)"
     example = f"; F{m - 1}b = micro-batch {m - 1} on chunk b" if v > 1 else ""
+    split = ("" if not tl.split else " = input gradient B {:g} + weight gradient W {:g}".format(
+        *(float(c) for k, c in sched.action_costs(*costs, split=True).items() if k != "F")))
     print(f"{name}: p = {plural(p, 'stage')}, m = {plural(m, 'micro-batch')}, v = "
           f"{plural(v, 'chunk')} per device; forward {args.forward_cost:g}, backward "
-          f"{args.backward_cost:g} per stage{example}")
+          f"{args.backward_cost:g}{split} per stage{example}")
     print(chart)
     print(f"makespan {_show(tl.makespan)}, busy {_show(tl.busy[0])} per device")
     print(f"idle fraction: simulated {_show(simulated)}; formula {formula_text} = "
           f"{_show(formula)} ({'equal' if simulated == formula else 'DIFFERENT'})")
     print(f"peak in-flight {what} per device: {' '.join(map(str, tl.peak_in_flight))}"
           + (f" (GPipe would hold {'all ' * (m > 1)}{plural(m, 'micro-batch')} on every "
-             "device)" if name == "1f1b" else ""))
+             "device)" if name == "1f1b" else " (held from F until W)" if tl.split else ""))
     if png:
         print(f"Gantt chart in {png}")
     return 0
