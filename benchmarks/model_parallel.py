@@ -28,7 +28,7 @@ from benchmarks.zero import prepared, round_robin  # noqa: E402
 from jaxscale import garden  # noqa: E402
 from jaxscale.runtime.compile_cache import enable_compilation_cache  # noqa: E402
 from jaxscale.parallel import schedules as sched  # noqa: E402
-from jaxscale.parallel.pipeline import IDLE, tick_table  # noqa: E402
+from jaxscale.parallel.tick_table import IDLE, tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.training.config import TrainConfig  # noqa: E402
 from jaxscale.training.reference import as_arrays, init_run  # noqa: E402

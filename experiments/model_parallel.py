@@ -46,7 +46,7 @@ from jaxscale.runtime.mesh import make_mesh  # noqa: E402
 from jaxscale.parallel import schedules as sched  # noqa: E402
 from jaxscale.parallel.gantt import gantt_png  # noqa: E402
 from jaxscale.parallel.hybrid import param_specs  # noqa: E402
-from jaxscale.parallel.pipeline import tick_table  # noqa: E402
+from jaxscale.parallel.tick_table import tick_table  # noqa: E402
 from jaxscale.parallel.plan import Plan  # noqa: E402
 from jaxscale.parallel.build import build_train_step  # noqa: E402
 from jaxscale.report import print_table  # noqa: E402

@@ -34,7 +34,7 @@ import jax
 
 from jaxscale.measure import hlo as measure, memory, timing
 from jaxscale.parallel.build import build_train_step
-from jaxscale.parallel.pipeline import tick_table
+from jaxscale.parallel.tick_table import tick_table
 from jaxscale.parallel.plan import Plan
 from jaxscale.parallel.schedules import bubble_over_total
 from jaxscale.runtime import mesh as meshlib, processes as distributed, profiling

@@ -14,8 +14,9 @@ from jaxscale.model import transformer as modellib
 from jaxscale.parallel.hybrid import param_specs, splits_kv_heads
 from jaxscale.parallel.layouts import Replicated
 from jaxscale.parallel.mesh_layouts import local_shapes
-from jaxscale.parallel.pipeline import tick_table
+from jaxscale.parallel.tick_table import tick_table
 from jaxscale.parallel.plan import Plan
+from jaxscale.parallel.schedules import SPLIT
 from jaxscale.parallel.zero import stage3_ring_bytes
 from jaxscale.parallel.zero_layout import ZERO_LAYOUTS
 
@@ -99,7 +100,11 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
         add("all-gather", 4 * layers_here * m * (tp - 1) / tp * act, "tp")
         add("reduce-scatter", 4 * layers_here * m * (tp - 1) / tp * act, "tp")
     elif tp > 1:  # 2 all-reduces per layer forward, 2 backward (+2: a pipeline recomputes)
-        per_micro = (6 if plan.pp > 1 else 4) * layers_here
+        # a split backward (zero-bubble) adds W's 3: its recompute needs the attention's
+        # all-reduce, not the MLP's (the block's output is unused), and the two norms'
+        # weight gradients each need the all-reduce of the gradient at the norm's output
+        per_micro = (9 if plan.pp > 1 and plan.schedule in SPLIT
+                     else 6 if plan.pp > 1 else 4) * layers_here
         add("all-reduce", ring(per_micro * m * act, tp), "tp")
         # K and V whole on every tp device: each computes the gradient of the heads its
         # query heads read, summed over tp once per step (ZeRO: on the dp slices)

@@ -42,7 +42,8 @@ from jaxscale.parallel.canonical import Canonical, param_infos
 from jaxscale.parallel.step import PlanStep, shard_step
 from jaxscale.parallel.data_parallel import accumulated_value_and_grad
 from jaxscale.parallel.mesh_layouts import is_spec, layer_order, mesh_layout, state_flat_specs
-from jaxscale.parallel.pipeline import pipeline_value_and_grad, tick_table
+from jaxscale.parallel.pipeline import pipeline_value_and_grad
+from jaxscale.parallel.tick_table import tick_table
 from jaxscale.parallel.plan import PlanError
 from jaxscale.parallel.vma import vary
 from jaxscale.parallel.zero import check_elementwise, forward_gathered, gathered_units

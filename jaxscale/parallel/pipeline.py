@@ -4,10 +4,9 @@ The layers are cut into p stages (p x v chunks when interleaved) and the batch i
 micro-batches. The schedule says, for each device, in which order it runs the forward (F)
 and backward (B) of each (micro-batch, chunk). Here that order is executed for real:
 
-1. `tick_table` runs the schedule in the simulator with unit costs, so every action takes
-   one tick, and turns it into tables [ticks, p]: what each device does at each tick, and
-   in which buffer slot each arriving activation or gradient waits until it is used.
-   Slots are reused as soon as they are free: GPipe needs m, 1F1B at most p.
+1. `tick_table` (jaxscale.parallel.tick_table) turns the schedule into lockstep tables:
+   what each device does at each tick, and in which slot each arriving activation or
+   gradient waits until it is used.
 2. `pipeline_value_and_grad` (inside shard_map) scans over the ticks. At every tick each
    device runs its own action under `lax.switch` (nothing, F or B), then two `ppermute`s
    move the activation it produced to the next stage and the input gradient it produced to
@@ -15,116 +14,42 @@ and backward (B) of each (micro-batch, chunk). Here that order is executed for r
    F stores nothing but the stage's INPUT (in the slot); B recomputes the stage's forward
    from it with `jax.vjp` and applies the received gradient: stage-level recomputation,
    so a micro-batch in flight costs one activation of the stage input.
+   A zero-bubble schedule splits B into the input gradient (B) and the weights' (W), two
+   more branches of the switch (jaxscale.parallel.split_backward); B's results wait in a
+   slot of their own until W.
 The first virtual stage embeds the tokens, the last applies the head and the loss; every
 stage runs the same program (SPMD), so the embedding and head are computed everywhere and
 selected with `where`: simple, and cheap next to the blocks in real models.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jaxscale.model import transformer as modellib
 from jaxscale.model.config import GPT2, Family
 from jaxscale.model.loss import logits_nll_and_count
-from jaxscale.parallel import schedules as sched
 from jaxscale.parallel.axes import DP, PP
 from jaxscale.parallel.layouts import GradReduction
+from jaxscale.parallel.split_backward import StageParts, input_gradient, weight_gradient
+from jaxscale.parallel.tick_table import TickTable
 from jaxscale.parallel.vma import vary, varying_axes, zeros_like
-
-IDLE, FORWARD, BACKWARD = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class TickTable:
-    """A schedule as lockstep ticks; every array is [ticks, p] (device s reads column s)."""
-
-    kind: np.ndarray  # IDLE, FORWARD or BACKWARD
-    micro: np.ndarray  # micro-batch of the action
-    chunk: np.ndarray  # chunk (virtual stage = chunk * p + device)
-    slot: np.ndarray  # activation slot the action reads (its stage input)
-    gslot: np.ndarray  # gradient slot a BACKWARD reads
-    recv: np.ndarray  # activation slot an arriving activation is written to, -1 if none
-    grecv: np.ndarray  # gradient slot an arriving gradient is written to, -1 if none
-    slots: int
-    gslots: int
-
-    @property
-    def ticks(self) -> int:
-        return self.kind.shape[0]
-
-    def branch_share(self) -> dict[int, float]:
-        """Share of ticks a device spends idle, in F, in B (the same on every device: each
-        runs every micro-batch's F and B once per chunk), i.e. how often each branch of the
-        executor's lax.switch runs, for measure.collectives."""
-        return {k: float(np.mean(self.kind[:, 0] == k)) for k in (IDLE, FORWARD, BACKWARD)}
-
-
-def _assign(intervals: dict) -> tuple[dict, int]:
-    """Slots for (key -> (write tick, read tick)) intervals on one device; a slot is free
-    again from the tick it was last read (reads happen before that tick's writes)."""
-    free_at, slot_of = [], {}
-    for key, (start, end) in sorted(intervals.items(), key=lambda kv: kv[1]):
-        for i, t in enumerate(free_at):
-            if t <= start:
-                free_at[i], slot_of[key] = end, i
-                break
-        else:
-            free_at.append(end)
-            slot_of[key] = len(free_at) - 1
-    return slot_of, len(free_at)
-
-
-def tick_table(schedule: str, p: int, m: int, v: int = 1) -> TickTable:
-    """Compile `schedule` for p devices, m micro-batches, v chunks into lockstep tables."""
-    timeline = sched.run(schedule, p, m, v, f_cost=v, b_cost=v)  # a chunk's F or B: 1 tick
-    n_virtual = p * v
-    when = {(a.kind, a.micro_batch, a.virtual_stage(p)): int(start)
-            for row in timeline.rows for start, _, a in row}
-    ticks = int(timeline.makespan)
-    assert all(start.denominator == 1 for row in timeline.rows for start, _, _ in row)
-    tables = {k: np.zeros((ticks, p), np.int32) for k in ("kind", "micro", "chunk", "slot",
-                                                          "gslot")}
-    recv, grecv = np.full((ticks, p), -1, np.int32), np.full((ticks, p), -1, np.int32)
-    acts, grads = [{} for _ in range(p)], [{} for _ in range(p)]
-    for (kind, j, k), t in when.items():
-        if kind == "F" and k > 0:  # its input arrives at the end of F(j, k-1)'s tick
-            acts[k % p][(j, k)] = (when["F", j, k - 1], when["B", j, k])
-        if kind == "B" and k < n_virtual - 1:  # its gradient arrives after B(j, k+1)
-            grads[k % p][(j, k)] = (when["B", j, k + 1], t)
-    slot_maps = [_assign(a) for a in acts]
-    gslot_maps = [_assign(g) for g in grads]
-    for (kind, j, k), t in when.items():
-        s = k % p
-        tables["kind"][t, s] = FORWARD if kind == "F" else BACKWARD
-        tables["micro"][t, s], tables["chunk"][t, s] = j, k // p
-        tables["slot"][t, s] = slot_maps[s][0].get((j, k), 0)  # stage 0: input unused
-        tables["gslot"][t, s] = gslot_maps[s][0].get((j, k), 0)  # last stage: unused
-        if kind == "F" and k + 1 < n_virtual:
-            recv[t, (k + 1) % p] = slot_maps[(k + 1) % p][0][(j, k + 1)]
-        if kind == "B" and k > 0:
-            grecv[t, (k - 1) % p] = gslot_maps[(k - 1) % p][0][(j, k - 1)]
-    return TickTable(**tables, recv=recv, grecv=grecv,
-                     slots=max(1, max(n for _, n in slot_maps)),
-                     gslots=max(1, max(n for _, n in gslot_maps)))
-
 
 class Tick(NamedTuple):
     """One device's row of the tick table: what it does at this tick and where its data
     waits (see TickTable)."""
 
-    kind: jax.Array  # IDLE, FORWARD or BACKWARD
+    kind: jax.Array  # IDLE, FORWARD, BACKWARD or WEIGHT
     micro: jax.Array
     chunk: jax.Array
     slot: jax.Array
     gslot: jax.Array
     recv: jax.Array
     grecv: jax.Array
+    wslot: jax.Array | None = None  # a split backward's: where B's results wait for W
 
 
 def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
@@ -143,6 +68,8 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
     model's own. `d_model`: the activations' width (default: the token embedding's).
     `family`: the model's (jaxscale.model.config.Family).
     """
+    if table.split and units is not None:
+        raise ValueError("a split backward runs the model's own units, not ZeRO-3's")
     embed, layers, head = units or (
         lambda prm, tokens: modellib.embed(prm, tokens, family=family),
         lambda blocks, h: modellib.layers(blocks, h, plan.remat, tp_axis,
@@ -150,7 +77,8 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
                                           family=family),
         lambda prm, h: modellib.head(prm, h, family))
     p, m, v = plan.pp, plan.micro_batches, plan.virtual
-    rows = Tick(*(jnp.asarray(getattr(table, f)) for f in Tick._fields))
+    fields = Tick._fields if table.split else Tick._fields[:-1]
+    rows = Tick(*(jnp.asarray(getattr(table, f)) for f in fields))
 
     def grad_fn(params, batch, multiplier):
         stage = lax.axis_index(pp_axis)
@@ -162,25 +90,40 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
         mine = jax.tree.map(lambda x: vary(x, (dp_axis, pp_axis)), params)
         per_chunk = jax.tree.leaves(params["blocks"])[0].shape[0] // v
 
+        def chunk_blocks(blocks, chunk):
+            return jax.tree.map(lambda b: lax.dynamic_slice_in_dim(b, chunk * per_chunk,
+                                                                   per_chunk), blocks)
+
+        def head_loss(prm, h, mb):
+            return logits_nll_and_count(head(prm, h), mb)[0] / count
+
         def stage_fn(prm, x, mb, chunk):
             first, last = (stage == 0) & (chunk == 0), (stage == p - 1) & (chunk == v - 1)
-            blocks = jax.tree.map(lambda b: lax.dynamic_slice_in_dim(b, chunk * per_chunk,
-                                                                     per_chunk), prm["blocks"])
             h = jnp.where(first, embed(prm, mb["tokens"]).astype(x.dtype), x)
-            h = layers(blocks, h)
-            nll = logits_nll_and_count(head(prm, h), mb)[0] / count
-            return h, jnp.where(last, nll, 0.0)
+            h = layers(chunk_blocks(prm["blocks"], chunk), h)
+            return h, jnp.where(last, head_loss(prm, h, mb), 0.0)
 
-        tick = _tick_fn(stage_fn, stage, mine, mbs, p, v, pp_axis, reduction,
-                        jnp.float32(1.0) if multiplier is None else multiplier)
         b, t = mbs["tokens"].shape[1:]
         d = d_model or params["tok_embed"].shape[-1]
         act = vary(jnp.zeros((b, t, d), params["tok_embed"].dtype), (dp_axis, pp_axis))
+        ct = jnp.float32(1.0) if multiplier is None else multiplier
+        held = ()
+        if table.split:  # B's boundary activations and their gradients, waiting for W
+            parts = StageParts(
+                embed, lambda p_l, h: modellib.block(p_l, h, tp_axis, plan.attention,
+                                                     family=family),
+                head_loss, chunk_blocks, None if plan.remat == "none"
+                else modellib.REMAT_POLICIES[plan.remat], plan.unroll)
+            branches = _split_branches(parts, stage_fn, stage, mine, p, v, reduction, ct)
+            held = (jnp.zeros((table.wslots, per_chunk + 1, *act.shape), act.dtype) + act,) * 2
+        else:
+            branches = _joint_branches(stage_fn, mine, p, v, stage, reduction, ct)
         carry = (jnp.zeros((table.slots, *act.shape), act.dtype) + act,
                  jnp.zeros((table.gslots, *act.shape), act.dtype) + act,
                  jax.tree.map(zeros_like, reduction.accumulator(mine)),
-                 zeros_like(act.sum()).astype(jnp.float32))
-        (_, _, grads, loss), _ = lax.scan(tick, carry, rows)
+                 zeros_like(act.sum()).astype(jnp.float32), held)
+        (_, _, grads, loss, _), _ = lax.scan(_tick_fn(branches, stage, mbs, p, pp_axis),
+                                             carry, rows)
         grads = jax.tree.map(lambda g, shared: lax.psum(g, pp_axis) if shared else g,
                              reduction.per_step(grads), replicated_over_pp)
         return lax.psum(loss, (dp_axis, pp_axis)), grads
@@ -188,38 +131,77 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
     return grad_fn
 
 
-def _tick_fn(stage_fn, stage, mine, mbs, p, v, pp_axis, reduction, ct):
-    """The scan body: this device's action at one tick (idle, F or B, under lax.switch),
-    then the activation it produced goes to the next stage and the input gradient to the
-    previous one (a ring: with interleaving the last device feeds device 0's next chunk)."""
-    def tick(carry, row):
-        stash, gstash, grads, loss = carry
-        now = Tick(*(r[stage] for r in row))
-        mb = jax.tree.map(lambda x: x[now.micro], mbs)
-        x = stash[now.slot]
-        last = (stage == p - 1) & (now.chunk == v - 1)  # its output feeds the loss, not a stage
-        dy = jnp.where(last, jnp.zeros_like(gstash[now.gslot]), gstash[now.gslot])
+def _joint_branches(stage_fn, mine, p, v, stage, reduction, ct):
+    """idle, F and B for a schedule whose backward is one action: each returns (activation
+    for the next stage, gradient for the previous, weight gradients, loss, held ())."""
+    def branches(now, x, dy, mb, grads, loss, held):
+        last = (stage == p - 1) & (now.chunk == v - 1)  # its output feeds the loss
+        dy = jnp.where(last, jnp.zeros_like(dy), dy)
+        nothing = zeros_like(x), zeros_like(x), jax.tree.map(zeros_like, grads)
 
         def idle():
-            return zeros_like(x), zeros_like(x), jax.tree.map(zeros_like, grads), \
-                zeros_like(loss)
+            return *nothing, zeros_like(loss), held
 
         def forward():
             y, loss_j = stage_fn(mine, x, mb, now.chunk)
-            return y, zeros_like(x), jax.tree.map(zeros_like, grads), loss_j
+            return y, *nothing[1:], loss_j, held
 
         def backward():
             (_, loss_j), vjp = jax.vjp(lambda prm, h: stage_fn(prm, h, mb, now.chunk), mine, x)
             d_params, dx = vjp((dy, vary(ct.astype(loss_j.dtype),
                                          tuple(sorted(varying_axes(loss_j))))))
-            return zeros_like(x), dx, reduction.per_micro(d_params), zeros_like(loss)
+            return zeros_like(x), dx, reduction.per_micro(d_params), zeros_like(loss), held
 
-        y, dx, d_params, loss_j = lax.switch(now.kind, [idle, forward, backward])
+        return [idle, forward, backward]
+    return branches
+
+
+def _split_branches(parts, stage_fn, stage, mine, p, v, reduction, ct):
+    """idle, F, B (input gradient) and W (weights) for a zero-bubble schedule; B writes its
+    boundary activations and gradients into `held` (slot now.wslot), W reads them there."""
+    def branches(now, x, dy, mb, grads, loss, held):
+        first = (stage == 0) & (now.chunk == 0)
+        last = (stage == p - 1) & (now.chunk == v - 1)
+        nothing = zeros_like(x), zeros_like(x), jax.tree.map(zeros_like, grads)
+        (hs, gs), zero = held, zeros_like(loss)
+
+        def idle():
+            return *nothing, zero, held
+
+        def forward():
+            y, loss_j = stage_fn(mine, x, mb, now.chunk)
+            return y, *nothing[1:], loss_j, held
+
+        def backward():
+            dx, h_new, g_new = input_gradient(parts, mine, x, mb, first, last, now.chunk, dy, ct)
+            return (nothing[0], dx, nothing[2], zero,
+                    (hs.at[now.wslot].set(h_new), gs.at[now.wslot].set(g_new)))
+
+        def weight():
+            d_params = weight_gradient(parts, mine, hs[now.wslot], gs[now.wslot], mb, first,
+                                       last, now.chunk, ct)
+            return *nothing[:2], reduction.per_micro(d_params), zero, held
+
+        return [idle, forward, backward, weight]
+    return branches
+
+
+def _tick_fn(branches, stage, mbs, p, pp_axis):
+    """The scan body: this device's action at one tick (one branch of lax.switch), then the
+    activation it produced goes to the next stage and the input gradient to the previous
+    one (a ring: with interleaving the last device feeds device 0's next chunk)."""
+    def tick(carry, row):
+        stash, gstash, grads, loss, held = carry
+        now = Tick(*(None if r is None else r[stage] for r in row))
+        mb = jax.tree.map(lambda x: x[now.micro], mbs)
+        y, dx, d_params, loss_j, held = lax.switch(
+            now.kind, branches(now, stash[now.slot], gstash[now.gslot], mb, grads, loss, held))
         ring = [(i, (i + 1) % p) for i in range(p)]
         y_in = lax.ppermute(y, pp_axis, ring)  # to the next stage
         dx_in = lax.ppermute(dx, pp_axis, [(b, a) for a, b in ring])  # to the previous
         stash = jnp.where(now.recv >= 0, stash.at[jnp.maximum(now.recv, 0)].set(y_in), stash)
         gstash = jnp.where(now.grecv >= 0,
                            gstash.at[jnp.maximum(now.grecv, 0)].set(dx_in), gstash)
-        return (stash, gstash, jax.tree.map(jnp.add, grads, d_params), loss + loss_j), None
+        return (stash, gstash, jax.tree.map(jnp.add, grads, d_params), loss + loss_j,
+                held), None
     return tick

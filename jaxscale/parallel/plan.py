@@ -22,7 +22,7 @@ from jaxscale.model import attention, precision, transformer as modellib
 from jaxscale.parallel import schedules as sched
 from jaxscale.runtime import mesh as meshlib
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = sched.SCHEDULES
 REMAT_POLICIES = tuple(modellib.REMAT_POLICIES)
 
 
@@ -109,6 +109,10 @@ class Plan:
                 sched.check_sizes(self.schedule, self.pp, self.micro_batches, self.virtual)
             except sched.ScheduleError as e:
                 raise PlanError(str(e)) from None
+        if self.pp > 1 and self.schedule in sched.SPLIT and self.zero_stage == 3:
+            raise PlanError(f"{self.schedule} splits each backward into input and weight "
+                            "gradients on whole weights; ZeRO-3 gathers them per unit: use "
+                            "zero_stage 1 or 2 with it, or schedule=1f1b with ZeRO-3")
         if self.cp > 1 and self.pp > 1:
             raise PlanError(f"context parallelism (cp={self.cp}) runs with dp and tp, not yet "
                             f"inside a pipeline (pp={self.pp}); use pp=1")

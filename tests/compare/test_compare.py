@@ -264,3 +264,24 @@ def test_compile_source_says_whether_the_cache_supplied_the_program():
     lower = lambda: jax.jit(lambda x: jnp.sin(x) * salt).lower(jnp.ones(3))  # noqa: E731
     assert timing.compile_timed(lower())[2] == "compiled"
     assert timing.compile_timed(lower())[2] == "cache"  # the suite's persistent cache
+
+
+@pytest.mark.slow
+def test_zero_bubble_layouts_pass_with_their_bytes_predicted(cli, tmp_path):
+    """zb-h1 at pp=4 and zb-h2 at dp=2 x pp=2 (ZeRO-1) and pp=2 x tp=2 on tiny8: each follows
+    the single device, sends exactly the predicted bytes (tp: 9 all-reduces per layer and
+    micro-batch: W's 3 on top of the joint backward's 6), and its executed idle share is
+    the closed form's and below 1F1B's at the same p and m."""
+    layouts = ["pp=4,schedule=zb-h1,micro_batches=4", "dp=2,pp=2,zero=1,schedule=zb-h2,"
+               "micro_batches=4", "pp=2,tp=2,schedule=zb-h2,micro_batches=4"]
+    res = cli("compare", "--model", "tiny8", *[a for x in layouts for a in ("--strategy", x)],
+              "--steps", "3", "--repeats", "3", "--out", str(tmp_path), "--json")
+    assert res["all_pass"] and [r["name"] for r in res["rows"]][2:] == layouts
+    for row in res["rows"][2:]:
+        assert row["states_measured"] == row["states_predicted"], row["name"]
+        for op in set(row["sent"]) | set(row["predicted"]["sent"]):
+            assert row["sent"].get(op, 0) == pytest.approx(row["predicted"]["sent"].get(op, 0),
+                                                           rel=1e-12), (row["name"], op)
+        p, m = row["plan"]["pp"], row["plan"]["micro_batches"]
+        assert row["idle_schedule"] == pytest.approx(row["idle_formula"], abs=1e-12)
+        assert row["idle_schedule"] < (p - 1) / (m + p - 1)  # 1F1B's

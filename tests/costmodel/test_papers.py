@@ -143,7 +143,7 @@ def test_narayanan_bubble_and_ours_agree_on_one_pipeline():
     timeline's idle share) and what the executor runs (the tick table's idle share) is idle
     over the whole time, (p-1)/(v m + p - 1): the same bubble b, reported as b / (1 - b)
     and b."""
-    from jaxscale.parallel.pipeline import IDLE, tick_table
+    from jaxscale.parallel.tick_table import IDLE, tick_table
     from jaxscale.parallel.schedules import run
 
     for p, m, v, schedule in ((4, 8, 1, "1f1b"), (8, 16, 1, "gpipe"), (4, 8, 2, "interleaved")):
@@ -240,7 +240,7 @@ def test_deepspeed_estimator_t5_small():
 
 def test_reference_parameter_counts():
     """Llama-2 7B and 70B (SwiGLU, untied head, GQA for 70B) from the shape: 6.74B and 69.0B."""
-    from jaxscale.costmodel.planner import REFERENCES
+    from jaxscale.costmodel.references import REFERENCES
 
     for name, (published, shape) in REFERENCES.items():
         assert shape.params() == pytest.approx(published, rel=0.02), name

@@ -118,7 +118,7 @@ def test_measured_crossing_bytes_match_the_prediction(devices, name):
     from jaxscale.compare.predict import predict
     from jaxscale.compare.strategies import strategy_plan
     from jaxscale.parallel.build import build_train_step
-    from jaxscale.parallel.pipeline import tick_table
+    from jaxscale.parallel.tick_table import tick_table
     from conftest import setup
     cfg, params, batch = setup("tiny")
     plan = strategy_plan(name, 8, cfg)

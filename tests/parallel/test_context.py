@@ -184,7 +184,7 @@ def test_zero_in_a_pipeline_equals_one_device_and_sends_what_is_predicted(layout
     another order) within fp32_sum_bound(n) = sqrt(n) eps_fp32 = 3.1e-6 relative, gradients
     1e-5 of one device; the HLO's bytes per op equal compare.predict's (counted per tick)."""
     from jaxscale.compare.predict import predict
-    from jaxscale.parallel.pipeline import tick_table
+    from jaxscale.parallel.tick_table import tick_table
     cfg, params, batch = setup("tiny8")
     plan = Plan.parse(layout)
     ref, ref_loss, _, _ = one_step("tiny8")  # the single device's, shared with other tests

@@ -7,7 +7,7 @@ from jaxscale.measure import hlo as measure
 from jaxscale.measure import compare_trees, memory
 from jaxscale.model import optim
 from jaxscale.parallel import schedules as sched
-from jaxscale.parallel.pipeline import BACKWARD, FORWARD, tick_table
+from jaxscale.parallel.tick_table import BACKWARD, FORWARD, tick_table
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.build import build_train_step
 

@@ -1,0 +1,87 @@
+"""A pipeline stage's backward in two actions: B (the input gradient) and W (the weights').
+
+The zero-bubble schedules (jaxscale.parallel.zero_bubble) need them apart: the previous
+stage waits for B only, W can wait for a gap. The stage is embed (first stage only), L
+blocks, head and loss (last stage only); h_0 is the blocks' input and h_l the output of
+block l-1.
+
+B   recomputes the stage's forward from its stored input x, as the joint backward does,
+    and runs autodiff back through the activations only: the weights are constants of
+    this function, so no weight gradient is computed. To get the gradient at every layer
+    boundary, g_l = dLoss/dh_l, from one backward pass, a zero "probe" e_l is added to
+    each h_l and B differentiates with respect to the probes: dLoss/de_l = g_l. It keeps
+    the L+1 boundary activations h_l and their gradients g_l for W, and sends g_0 back.
+W   for each layer at once (vmap over the layer axis) recomputes the block's forward from
+    h_l and pulls g_{l+1} back to the block's weights; the embedding's gradient from g_0
+    (first stage), the head's from h_L and the loss's cotangent (last stage).
+
+Cost, next to the joint backward (one forward recompute, then the activations' and the
+weights' gradients): one more forward, W's per-layer recompute. Memory: from B until W a
+micro-batch holds 2(L+1) activations of the stage's width, against one (its input) from F
+until B. Both are the price of keeping only layer boundaries, not every intermediate.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxscale.parallel.vma import vary, varying_axes
+
+
+class StageParts(NamedTuple):
+    """The pieces of a stage, each a pure function of the parameters it is given."""
+
+    embed: Callable  # (params, tokens) -> h_0 on the first stage
+    block: Callable  # (one layer's params, h) -> h
+    head_loss: Callable  # (params, h_L, micro-batch) -> this micro-batch's share of the loss
+    chunk_blocks: Callable  # (params["blocks"], chunk) -> this chunk's layers
+    remat_policy: object  # a jax.checkpoint policy for each layer's forward, or None
+    unroll: bool
+
+
+def input_gradient(parts: StageParts, prm, x, mb, first, last, chunk, dy, ct):
+    """B: (dx for the previous stage, h [L+1, ...], g [L+1, ...]); see the module docstring.
+    `dy`: the gradient at the stage's output (unused on the last stage); `ct`: the loss's
+    cotangent (used only on the last stage)."""
+    blocks = parts.chunk_blocks(prm["blocks"], chunk)
+    n = jax.tree.leaves(blocks)[0].shape[0]
+
+    def layer(h, inputs):
+        p_l, probe = inputs
+        return parts.block(p_l, h) + probe, h
+
+    if parts.remat_policy is not None:
+        layer = jax.checkpoint(layer, policy=parts.remat_policy)
+
+    def probed(probes):
+        h0 = jnp.where(first, parts.embed(prm, mb["tokens"]).astype(x.dtype), x) + probes[0]
+        h_last, inputs = lax.scan(layer, h0, (blocks, probes[1:]),
+                                  unroll=True if parts.unroll else 1)
+        loss = jnp.where(last, parts.head_loss(prm, h_last, mb), 0.0)
+        return (h_last, loss), jnp.concatenate([inputs, h_last[None]])
+
+    # the probes vary like x: each device differentiates its own copy (no implicit psum)
+    probes = vary(jnp.zeros((n + 1, *x.shape), x.dtype), tuple(sorted(varying_axes(x))))
+    (h_last, loss), pullback, hs = jax.vjp(probed, probes, has_aux=True)
+    dy = jnp.where(last, jnp.zeros_like(dy), dy)
+    (gs,) = pullback((dy, vary(ct.astype(loss.dtype), tuple(sorted(varying_axes(loss))))))
+    return jnp.where(first, jnp.zeros_like(gs[0]), gs[0]), hs, gs
+
+
+def weight_gradient(parts: StageParts, prm, hs, gs, mb, first, last, chunk, ct):
+    """W: the gradients of all of `prm` (zero outside this chunk and stage's own pieces)
+    from B's boundary activations `hs` and their gradients `gs`."""
+    def outputs(p):
+        blocks = parts.chunk_blocks(p["blocks"], chunk)
+        per_layer = jax.vmap(parts.block)(blocks, hs[:-1])  # every layer at once
+        h0 = jnp.where(first, parts.embed(p, mb["tokens"]).astype(hs.dtype),
+                       jnp.zeros_like(hs[0]))
+        return per_layer, h0, jnp.where(last, parts.head_loss(p, hs[-1], mb), 0.0)
+
+    (per_layer, h0, loss), pullback = jax.vjp(outputs, prm)
+    (d_prm,) = pullback((gs[1:], jnp.where(first, gs[0], jnp.zeros_like(gs[0])),
+                         vary(ct.astype(loss.dtype), tuple(sorted(varying_axes(loss))))))
+    return d_prm
