@@ -21,6 +21,7 @@ from pathlib import Path
 
 from experiments._runner import run_experiment
 from jaxscale.costmodel import planner as PL
+from jaxscale.costmodel import references as REF
 from jaxscale.costmodel import activations as A
 from jaxscale.costmodel import collectives as C
 from jaxscale.costmodel import devices as D
@@ -132,7 +133,7 @@ def part_d(lab, out: Path) -> dict:
                       ("530B", "MT-NLG 530B"), ("1T", "Megatron 1T")):
         *_, t, p, gpus, batch, _ = P.KORTHIKANTI_TABLE3[name]
         rows.append(placed("Korthikanti", name, PL.Job(
-            PL.REFERENCES[ref][1], batch, gpus, A100, fixed=(("dp", 1), ("cp", 1)),
+            REF.REFERENCES[ref][1], batch, gpus, A100, fixed=(("dp", 1), ("cp", 1)),
             recompute=("selective",), zero_stages=(0,)), t, p))
     for row in P.NARAYANAN_TABLE1[3:]:
         params, a, h, L, t, p, gpus, batch, _ = row

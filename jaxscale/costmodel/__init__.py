@@ -37,7 +37,8 @@ import math
 # Plain modules that import nothing of this one (shape.py imports nothing at all), so the
 # package can import them at its top without a circle.
 from jaxscale.costmodel import activations, states
-from jaxscale.costmodel.shape import Transformer
+from jaxscale.costmodel import schedule as schedule_model
+from jaxscale.costmodel.shape import ShapeError, Transformer
 
 LINKS = {  # bytes per second
     "nvlink": 300e9,  # NVLink within a node (lecture 13: 300 GB/s and up)
@@ -251,18 +252,27 @@ def pp_step_volume(seq: int, batch: int, hidden: int, pp: int,
             "max_bytes_per_device": 2 * one if pp > 2 else one * (pp - 1)}
 
 
-def bubble_over_total(pp: int, micro_batches: int, virtual: int = 1) -> float:
+def bubble_over_total(pp: int, micro_batches: int, virtual: int = 1,
+                      schedule: str = "1f1b") -> float:
     """Idle share of a pipeline's whole time: (p-1) / (v m + p - 1) (GPipe and 1F1B v = 1;
-    interleaved 1F1B v chunks per device). The lectures' and jaxscale.parallel.schedules's
-    definition, which the event simulator measures."""
-    if pp < 1 or micro_batches < 1 or virtual < 1:
-        raise CostModelError(f"need pp, micro_batches, virtual >= 1, got pp={pp}, "
-                             f"micro_batches={micro_batches}, virtual={virtual}")
+    interleaved 1F1B v chunks per device); the zero-bubble schedules (p-1) / (3m + p - 1)
+    (costmodel.schedule). The lectures' and jaxscale.parallel.schedules's definition, which
+    the event simulator measures."""
+    ideal = bubble_over_ideal(pp, micro_batches, virtual, schedule)  # the same checks
+    if schedule in schedule_model.ZERO_BUBBLE:
+        return ideal / (1 + ideal)
     return (pp - 1) / (virtual * micro_batches + pp - 1)
 
 
-def bubble_over_ideal(pp: int, micro_batches: int, virtual: int = 1) -> float:
+def bubble_over_ideal(pp: int, micro_batches: int, virtual: int = 1,
+                      schedule: str = "1f1b") -> float:
     """Bubble time over ideal (bubble-free) time: (p-1) / (v m), Narayanan et al. 2021's
-    definition; = b / (1 - b) for b = bubble_over_total. The time model adds this x compute."""
-    bubble_over_total(pp, micro_batches, virtual)  # the same checks
-    return (pp - 1) / (virtual * micro_batches)
+    definition; = b / (1 - b) for b = bubble_over_total; a third of 1F1B's for the
+    zero-bubble schedules (costmodel.schedule). The time model adds this x compute."""
+    if pp < 1 or micro_batches < 1 or virtual < 1:
+        raise CostModelError(f"need pp, micro_batches, virtual >= 1, got pp={pp}, "
+                             f"micro_batches={micro_batches}, virtual={virtual}")
+    try:
+        return schedule_model.bubble_over_ideal(schedule, pp, micro_batches, virtual)
+    except ShapeError as e:
+        raise CostModelError(str(e)) from None

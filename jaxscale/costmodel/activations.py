@@ -36,10 +36,10 @@ if they matter: 4 s b V / t bytes of fp32 logits), and the framework's temporari
 """
 from __future__ import annotations
 
+from jaxscale.costmodel.schedule import in_flight
 from jaxscale.costmodel.shape import ShapeError, Transformer
 
 RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 
 def _check(**values) -> None:
@@ -105,26 +105,6 @@ def per_layer(shape: Transformer, micro_batch: int = 1, tp: int = 1,
         out["maps"] = 0.0
     out["total"] = out["replicated"] + out["split"] + out["maps"]
     return out
-
-
-def in_flight(pp: int, micro_batches: int, schedule: str = "1f1b", virtual: int = 1) -> float:
-    """Micro-batches' worth of a stage's activations the first stage holds at its peak.
-
-    GPipe keeps all m; 1F1B at most p (min(m, p)); interleaved 1F1B with v chunks per device
-    p x (1 + (p-1)/(p v)) (Korthikanti eq. 5's factor; m >= p assumed there). pp = 1 is
-    gradient accumulation: one micro-batch at a time.
-    """
-    _check(pp=pp, micro_batches=micro_batches, virtual=virtual)
-    if schedule not in SCHEDULES:
-        raise ShapeError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
-    if pp == 1:
-        return 1.0
-    if schedule == "gpipe":
-        return float(micro_batches)
-    held = float(min(micro_batches, pp))
-    if schedule == "interleaved":
-        held *= 1 + (pp - 1) / (pp * virtual)
-    return held
 
 
 def activation_memory(shape: Transformer, micro_batch: int = 1, tp: int = 1,

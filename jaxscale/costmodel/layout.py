@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from jaxscale.costmodel import activations as A
+from jaxscale.costmodel import schedule as schedule_model
 from jaxscale.costmodel import states as S
 from jaxscale.costmodel.shape import ShapeError, Transformer
 
@@ -35,6 +36,7 @@ class Layout:
     zero: int = 0
     recompute: str = "none"
     micro_batch: int = 1  # sequences per micro-batch
+    zero_bubble: str = ""  # a zero-bubble schedule instead of 1F1B (v = 1): zb-h1 or zb-h2
 
     @property
     def devices(self) -> int:
@@ -42,7 +44,7 @@ class Layout:
 
     @property
     def schedule(self) -> str:
-        return "interleaved" if self.virtual > 1 else "1f1b"
+        return self.zero_bubble or ("interleaved" if self.virtual > 1 else "1f1b")
 
     def micro_batches(self, batch: int) -> int:
         """Micro-batches per replica and step for a global batch of `batch` sequences."""
@@ -52,7 +54,8 @@ class Layout:
         """'dp2 tp8 pp4 v2 sp ZeRO-1 selective mb1': the degrees above 1, then the options."""
         parts = [f"{k}{v}" for k, v in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp),
                                          ("cp", self.cp)) if v > 1] or ["1 device"]
-        parts += [f"v{self.virtual}"] * (self.virtual > 1) + ["sp"] * self.sequence_parallel
+        parts += [f"v{self.virtual}"] * (self.virtual > 1) + [self.zero_bubble] * bool(
+            self.zero_bubble) + ["sp"] * self.sequence_parallel
         parts += [f"ZeRO-{self.zero}"] * (self.zero > 0)
         parts += [self.recompute] * (self.recompute != "none") + [f"mb{self.micro_batch}"]
         return " ".join(parts)
@@ -79,6 +82,11 @@ def check(shape: Transformer, lay: Layout, batch: int) -> None:
                          f"batch {batch}")
     if lay.sequence_parallel and lay.tp == 1:
         raise ShapeError("sequence parallelism splits the tp group: it needs tp >= 2")
+    if lay.zero_bubble and (lay.pp == 1 or lay.virtual > 1
+                            or lay.zero_bubble not in schedule_model.ZERO_BUBBLE):
+        raise ShapeError(f"zero_bubble {lay.zero_bubble!r} is one of "
+                         f"{', '.join(schedule_model.ZERO_BUBBLE)}, with pp >= 2 and v = 1; "
+                         f"got pp={lay.pp}, v={lay.virtual}")
 
 
 def memory(shape: Transformer, lay: Layout, batch: int, budget: str = "mixed-adam",

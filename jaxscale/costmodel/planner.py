@@ -3,16 +3,18 @@
 The rules (RULES says the same in words):
 
  1. Candidates: every devices = dp x tp x pp x cp, with v chunks per pipeline device
-    (interleaved 1F1B), ZeRO 0-3, recompute none / selective / full and micro-batch sizes
+    (interleaved 1F1B) or one (1F1B, and the zero-bubble schedules when asked), ZeRO 0-3, recompute none / selective / full and micro-batch sizes
     1, 2, 4, 8 (those dividing a replica's batch). Sequence parallelism is on whenever
     tp > 1: in this model it costs no time (the same bytes as tp's all-reduces) and saves
     memory.
  2. Structure: tp divides the node size (it is on the critical path of every layer) and the
     heads; pp x v divides the layers; cp divides the sequence; dp x micro-batch divides the
-    batch; interleaving needs m divisible by pp (Megatron's rule); ZeRO needs dp > 1.
+    batch; interleaving needs m divisible by pp (Megatron's rule); zb-h1 needs m >= p,
+    zb-h2 m >= 2p; ZeRO needs dp > 1.
  3. Memory (costmodel.layout.memory: states with the byte budget and ZeRO, the gathered
     layer, activations on the first stage) <= usable x device memory.
- 4. Optional cap on the pipeline bubble (p-1)/(v m), Narayanan et al.'s definition.
+ 4. Optional cap on the pipeline bubble (p-1)/(v m) (zero-bubble: (p-1)/(3m)), Narayanan
+    et al.'s definition.
  5. Degrees the user fixes (`fixed`, e.g. dp = 1 as in Korthikanti et al.'s runs) narrow
     rule 1; they are not counted as rejections. `considered` and the rejections count
     meshes (dp, tp, pp, cp): a mesh is rejected when none of its options survives, for
@@ -21,42 +23,31 @@ The rules (RULES says the same in words):
     recommended.
 
 The published layouts this is checked against are in jaxscale.costmodel.published
-(tests/costmodel/test_planner.py, experiments/cost_model.py).
+(tests/costmodel/test_planner.py, experiments/cost_model.py), the published shapes in
+jaxscale.costmodel.references.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass, field
 
 from jaxscale import costmodel as cm
 from jaxscale.costmodel.devices import Device
 from jaxscale.costmodel.layout import Layout, memory
+from jaxscale.costmodel.schedule import ZERO_BUBBLE, least_micro_batches
 from jaxscale.costmodel.shape import Transformer
 from jaxscale.costmodel.steptime import step_time
 
-# Published shapes and counts. GPT-style models: 4h MLP, tied embeddings, vocab 51,200 as in
-# Narayanan et al. and Korthikanti et al.; Llama-2: SwiGLU, untied, GQA for 70B.
-REFERENCES: dict[str, tuple[float, Transformer]] = {
-    "Llama-2-7B": (6.74e9, Transformer(32, 4096, 32, 4096, ffn=11008, vocab=32000,
-                                        swiglu=True, tied=False)),
-    "Llama-2-13B": (13.0e9, Transformer(40, 5120, 40, 4096, ffn=13824, vocab=32000,
-                                         swiglu=True, tied=False)),
-    "Llama-2-70B": (69e9, Transformer(80, 8192, 64, 4096, ffn=28672, kv_heads=8, vocab=32000,
-                                       swiglu=True, tied=False)),
-    "Korthikanti 22B": (22e9, Transformer(48, 6144, 64, 2048, vocab=51200)),
-    "GPT-3 175B": (175e9, Transformer(96, 12288, 96, 2048, vocab=51200)),
-    "MT-NLG 530B": (530e9, Transformer(105, 20480, 128, 2048, vocab=51200)),
-    "Megatron 1T": (1e12, Transformer(128, 25600, 160, 2048, vocab=51200)),
-}
-
 RULES = [
-    ("candidates: devices = dp x tp x pp x cp, v chunks per pipeline device, ZeRO 0-3, "
+    ("candidates: devices = dp x tp x pp x cp, v chunks per pipeline device (one: the "
+     "schedules asked for, 1f1b by default), ZeRO 0-3, "
      "recompute none/selective/full, micro-batch 1/2/4/8; sequence parallelism whenever tp > 1"),
     ("structure: tp divides the node size and the heads; pp x v divides the layers; cp divides "
      "the sequence; dp x micro-batch divides the batch; interleaving needs m % pp == 0; "
-     "ZeRO needs dp > 1"),
+     "zero-bubble needs m >= p (zb-h1) or 2p (zb-h2); ZeRO needs dp > 1"),
     "memory per device (states, gathered layer, first-stage activations) <= usable x memory",
-    "pipeline bubble (p-1)/(v m) <= max bubble, when a cap is given",
+    "pipeline bubble (p-1)/(v m) (zero-bubble: (p-1)/(3m)) <= max bubble, when a cap is given",
     "rank by predicted step time (compute, bubble, tp, pp, exposed cp and dp), then memory",
 ]
 
@@ -66,6 +57,7 @@ REASONS = {
     "cp": "cp does not divide the sequence",
     "batch": "dp x micro-batch does not divide the batch",
     "interleave": "interleaving needs micro-batches divisible by pp",
+    "zero_bubble": "zero-bubble needs m >= p (zb-h1) or 2p (zb-h2) micro-batches",
     "memory": "does not fit in memory",
     "bubble": "pipeline bubble above the cap",
 }
@@ -79,31 +71,6 @@ def divisors(n: int) -> list[int]:
     """The divisors of n in increasing order (trial division up to sqrt(n))."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
-
-
-def describe_reference(name: str) -> str:
-    """'Llama-2-7B (32 layers, h = 4096, 32 heads, 6.74e+09 parameters)'."""
-    params, s = REFERENCES[name]
-    return f"{name} ({s.layers} layers, h = {s.hidden}, {s.heads} heads, {params:.3g} parameters)"
-
-
-NEAREST_WITHIN = 2.0  # a reference more than this factor from the request is refused
-
-
-def nearest_reference(params: float) -> tuple[str, Transformer]:
-    """The reference model whose parameter count is nearest on a log scale; CostModelError
-    if even that one is more than NEAREST_WITHIN times away (a 1e6-parameter request would
-    otherwise be planned as a 7e9 one)."""
-    name = min(REFERENCES, key=lambda k: abs(math.log(REFERENCES[k][0] / params)))
-    count = REFERENCES[name][0]
-    if max(count / params, params / count) > NEAREST_WITHIN:
-        known = ", ".join(f"{k} ({n:.3g})" for k, (n, _) in REFERENCES.items())
-        raise cm.CostModelError(
-            f"--params {params:.3g}: the nearest published shape, {name} ({count:.3g}), is "
-            f"{max(count / params, params / count):,.3g}x away; give --params within "
-            f"{NEAREST_WITHIN:g}x of one of {known}, or the shape itself (--layers "
-            "--hidden --heads) or --model PRESET")
-    return name, REFERENCES[name][1]
 
 
 @dataclass(frozen=True)
@@ -128,6 +95,7 @@ class Job:
     recompute: tuple[str, ...] = RECOMPUTE
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     sequence_parallel: bool = True
+    schedules: tuple[str, ...] = ("1f1b",)  # with one chunk per device; + zb-h1, zb-h2
 
 
 def check(job: Job) -> None:
@@ -148,6 +116,9 @@ def check(job: Job) -> None:
     _check_fixed_mesh(job)
     if job.max_bubble is not None and not 0 <= job.max_bubble:
         raise cm.CostModelError(f"max bubble must be >= 0, got {job.max_bubble}")
+    if not job.schedules or set(job.schedules) - {"1f1b", *ZERO_BUBBLE}:
+        raise cm.CostModelError(f"schedules {', '.join(job.schedules) or '(none)'}: choose "
+                                f"from 1f1b, {', '.join(ZERO_BUBBLE)}")
 
 
 def _check_fixed_mesh(job: Job) -> None:
@@ -199,6 +170,8 @@ def structural_reason(job: Job, lay: Layout) -> str | None:
         return "batch"
     if lay.virtual > 1 and lay.micro_batches(job.batch) % lay.pp:
         return "interleave"
+    if lay.micro_batches(job.batch) < least_micro_batches(lay.schedule, lay.pp):
+        return "zero_bubble"
     return None
 
 
@@ -232,12 +205,14 @@ def options(job: Job, dp: int, tp: int, pp: int, cp: int):
     vs = [v for v in divisors(job.shape.layers // pp) if v <= job.max_virtual] if pp > 1 else [1]
     sp = tp > 1 and job.sequence_parallel
     for v in vs:
-        for mb in job.micro_batches:
-            for zero in job.zero_stages if dp > 1 else (0,):
-                for rc in job.recompute:
-                    lay = Layout(dp, tp, pp, cp, v, sp, zero, rc, mb)
-                    if _fixed_ok(job, virtual=v, micro_batch=mb, zero=zero):
-                        yield lay
+        # one chunk per device: the job's schedules (1F1B, zero-bubble); else interleaved
+        for zb in ["" if s == "1f1b" else s for s in job.schedules] if pp > 1 and v == 1 \
+                else [""]:
+            for mb, zero, rc in itertools.product(job.micro_batches, job.zero_stages if dp > 1
+                                                  else (0,), job.recompute):
+                lay = Layout(dp, tp, pp, cp, v, sp, zero, rc, mb, zb)
+                if _fixed_ok(job, virtual=v, micro_batch=mb, zero=zero):
+                    yield lay
 
 
 def search(job: Job) -> dict:
@@ -266,7 +241,8 @@ def search(job: Job) -> dict:
                 fitting.append(row)
                 kept += 1
         if not kept and (reason or why):  # a mesh the fixed degrees left no option on
-            reason = reason or next(r for r in ("bubble", "memory", "interleave", "batch", "pp")
+            reason = reason or next(r for r in ("bubble", "memory", "zero_bubble", "interleave",
+                                                "batch", "pp")
                                     if r in why)
             rejected[REASONS[reason]] = rejected.get(REASONS[reason], 0) + 1
     return {"rows": fitting, "considered": considered, "rejected": rejected,

@@ -13,7 +13,8 @@ Per device and step (B sequences of s tokens, d = dp x tp x pp x cp devices):
             datasheet peak the model's matmuls reach (a stated assumption; measured on this
             machine by jaxscale.measure.hardware.measure_matmul_peak for the CPU calibration)
   bubble    compute x (p-1) / (v m)        Narayanan et al.'s bubble over ideal time (1F1B
-            and GPipe v = 1; interleaved 1F1B v chunks per device), m micro-batches
+            and GPipe v = 1; interleaved 1F1B v chunks per device), m micro-batches; a
+            third of it, (p-1) / (3m), for zb-h1 and zb-h2 (costmodel.schedule)
   tp        on the critical path: per layer (L/p of them) and micro-batch, 4 all-reduces of
             b (s/cp) h 16-bit activations (6 with full recompute); with sequence
             parallelism all-gathers + reduce-scatters of the same time
@@ -37,6 +38,7 @@ TPU torus), else its inter link. step = compute + bubble + tp + pp + exposed cp 
 """
 from __future__ import annotations
 
+from jaxscale.costmodel import schedule as schedule_model
 from jaxscale.costmodel.collectives import collective_bytes, collective_seconds
 from jaxscale.costmodel.devices import Device
 from jaxscale.costmodel.layout import Layout, check
@@ -79,7 +81,7 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
     fl = flops_per_token(shape, lay.recompute)
     tokens = batch * shape.seq
     compute = tokens * fl["hardware"] / d / (dev.peak * efficiency)
-    bubble_share = (lay.pp - 1) / (lay.virtual * m)  # bubble over ideal time
+    bubble_share = schedule_model.bubble_over_ideal(lay.schedule, lay.pp, m, lay.virtual)
     bubble = compute * bubble_share
     net = links(lay, dev)
     sent = {"tp": 0.0, "cp": 0.0, "pp": 0.0, "dp": 0.0}  # bytes per device per step

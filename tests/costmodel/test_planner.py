@@ -4,6 +4,7 @@ import pytest
 
 from jaxscale import costmodel as cm
 from jaxscale.costmodel import planner as P
+from jaxscale.costmodel import references as R
 from jaxscale.costmodel import activations as A
 from jaxscale.costmodel import states as S
 from jaxscale.costmodel.devices import device
@@ -16,9 +17,9 @@ A100 = device("a100")
 
 
 def test_reference_shapes():
-    assert P.nearest_reference(70e9)[0] == "Llama-2-70B"
-    assert P.nearest_reference(7e9)[0] == "Llama-2-7B"
-    assert P.nearest_reference(150e9)[0] == "GPT-3 175B"
+    assert R.nearest_reference(70e9)[0] == "Llama-2-70B"
+    assert R.nearest_reference(7e9)[0] == "Llama-2-7B"
+    assert R.nearest_reference(150e9)[0] == "GPT-3 175B"
     assert Transformer(32, 4096, 32).params() == 12 * 32 * 4096**2
     assert Transformer(2, 64, 4, ffn=100, vocab=10).params() == 2 * (4 * 64 * 64 + 2 * 64 * 100) + 640
 
@@ -114,7 +115,7 @@ def test_plan_ranks_fitting_layouts_by_step_time():
 
 
 def test_nothing_fits_names_the_reason_and_the_closest_miss():
-    big = P.REFERENCES["Llama-2-70B"][1]
+    big = R.REFERENCES["Llama-2-70B"][1]
     r = P.plan(P.Job(big, 8, 8, device("tpu-v5e")))
     assert r["recommended"] is None and r["fitting"] == 0
     assert r["rejected"][P.REASONS["memory"]] >= 1
@@ -152,7 +153,7 @@ def test_planner_ranks_korthikanti_layouts(name, gpus, batch, tp, pp, worst):
     """Rank of the published (tp, pp): 530B and 1T first, 175B third (tp 4 x pp 16 wins by
     2%: half the tp all-reduces, one more stage), 22B eighth (tp 4 x pp 2: our model charges
     tp's all-reduces in full and the matmuls' loss of efficiency at tp 8 not at all)."""
-    job = P.Job(P.REFERENCES[name][1], batch, gpus, A100, fixed=(("dp", 1), ("cp", 1)),
+    job = P.Job(R.REFERENCES[name][1], batch, gpus, A100, fixed=(("dp", 1), ("cp", 1)),
                 recompute=("selective",), zero_stages=(0,))
     rank = P.rank_of(P.ranked(job), tp=tp, pp=pp)
     assert rank is not None and rank <= worst
@@ -225,13 +226,13 @@ def test_llama_7b_and_70b_on_one_node_of_eight_80gb_gpus():
     5% of the best. 70B: 1.1 TB of mixed-precision Adam states cannot fit 640 GB, whatever
     the layout; with a bf16 budget (8 bytes) it does, on tp x pp with full recompute."""
     h100 = device("h100")
-    seven = P.ranked(P.Job(P.REFERENCES["Llama-2-7B"][1], 64, 8, h100))
+    seven = P.ranked(P.Job(R.REFERENCES["Llama-2-7B"][1], 64, 8, h100))
     best = seven[0]["layout"]
     assert best["zero"] == 3 and best["dp"] * best["cp"] == 8
     fsdp = next(r for r in seven if r["layout"]["dp"] == 8 and r["layout"]["zero"] == 3)
     assert fsdp["time"]["step"] <= 1.05 * seven[0]["time"]["step"]
-    seventy = P.plan(P.Job(P.REFERENCES["Llama-2-70B"][1], 64, 8, h100))
+    seventy = P.plan(P.Job(R.REFERENCES["Llama-2-70B"][1], 64, 8, h100))
     assert seventy["recommended"] is None and seventy["closest_memory_miss"] is not None
-    bf16 = P.plan(P.Job(P.REFERENCES["Llama-2-70B"][1], 64, 8, h100, budget="bf16"))
+    bf16 = P.plan(P.Job(R.REFERENCES["Llama-2-70B"][1], 64, 8, h100, budget="bf16"))
     lay = bf16["recommended"]["layout"]
     assert lay["tp"] * lay["pp"] == 8 and lay["recompute"] == "full"

@@ -16,6 +16,8 @@ from dataclasses import replace
 
 from jaxscale import costmodel as cm
 from jaxscale.costmodel import planner as P
+from jaxscale.costmodel import references as R
+from jaxscale.costmodel.schedule import ZERO_BUBBLE
 from jaxscale.cli.calculator_args import (add_shape_options, arg_type, bytes_arg, count_arg,
     describe_shape, emit, link_arg, model_shape, size_arg, table, transformer)
 from jaxscale.costmodel import devices as D
@@ -94,6 +96,11 @@ def register(subparsers) -> None:
                    metavar="LIST", help="recompute policies to try (default none,selective,full)")
     p.add_argument("--zero-choices", type=arg_type(_choices((0, 1, 2, 3))), default=(0, 1, 2, 3),
                    metavar="LIST", help="ZeRO stages to try (default 0,1,2,3)")
+    p.add_argument("--schedules", type=arg_type(_choices(("1f1b", *ZERO_BUBBLE))),
+                   default=("1f1b",), metavar="LIST",
+                   help="pipeline schedules to try with one chunk per device (default 1f1b; "
+                        "add zb-h1,zb-h2, the zero-bubble schedules, for a third of the "
+                        "bubble); interleaved 1F1B is tried for v > 1 either way")
     p.add_argument("--no-sequence-parallel", action="store_true",
                    help="never use sequence parallelism (a 2021 Megatron had none)")
     p.add_argument("--top", type=size_arg(minimum=0), default=5, metavar="N",
@@ -134,9 +141,9 @@ def compute(args) -> dict:
         if args.params is None:
             raise cm.CostModelError("give --params (e.g. 70e9), or --model PRESET, or the "
                                     "shape (--layers --hidden --heads)")
-        name, ref = P.nearest_reference(args.params)
+        name, ref = R.nearest_reference(args.params)
         t = replace(ref, seq=args.seq or ref.seq)
-        source = (f"assumed: {P.describe_reference(name)}, the published shape nearest to "
+        source = (f"assumed: {R.describe_reference(name)}, the published shape nearest to "
                   f"{args.params:.3g} parameters")
     else:
         t = transformer(shape)
@@ -146,7 +153,7 @@ def compute(args) -> dict:
                 flash_attention=args.flash_attention, dropout=not args.no_dropout,
                 max_bubble=args.max_bubble, fixed=args.fix,
                 recompute=args.recompute_choices, zero_stages=args.zero_choices,
-                sequence_parallel=not args.no_sequence_parallel)
+                sequence_parallel=not args.no_sequence_parallel, schedules=args.schedules)
     out = P.plan(job, args.top)
     out["shape_source"] = source
     out["roofline"] = {  # the scaling book's critical batch sizes for this device
