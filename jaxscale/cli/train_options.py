@@ -110,10 +110,13 @@ def _mesh_and_plan(t, d) -> None:
     t.add_argument("--schedule", default=d.schedule, choices=list(SCHEDULES), metavar="NAME",
                    help="pipeline schedule over pp: gpipe (all forwards, then all backwards), "
                         "1f1b (one forward, one backward: at most pp micro-batches in flight), "
-                        "interleaved (--virtual chunks of layers per device); default "
-                        f"{d.schedule}")
+                        "interleaved (--virtual chunks of layers per device), and the zero-"
+                        "bubble zb-h1, zb-h2 and zbv (each backward split into input and weight "
+                        "gradients, the weights' moved into the gaps; zbv: two chunks per "
+                        f"device in a V); default {d.schedule}")
     t.add_argument("--virtual", type=_number(), default=None, metavar="V",
-                   help="model chunks per pipeline device for --schedule interleaved "
+                   help="model chunks per pipeline device for --schedule interleaved, or 2 "
+                        "for zbv "
                         "(default 2 there, 1 otherwise)")
 
 

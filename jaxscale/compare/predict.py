@@ -113,8 +113,9 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
         g = cp * (tp if plan.sequence_parallel else 1)  # every token's document id, int32
         add("all-gather", m * (g - 1) / g * rows * s * 4, "cp" if cp > 1 else "tp")
     if plan.pp > 1:
-        ticks = tick_table(plan.schedule, plan.pp, m, plan.virtual).ticks
-        add("collective-permute", 2 * ticks * act, "pp")
+        table = tick_table(plan.schedule, plan.pp, m, plan.virtual)
+        # every tick an activation and a gradient each way; in a V (zbv) both ways each
+        add("collective-permute", (4 if table.vee else 2) * table.ticks * act, "pp")
         # the shared embeddings' and final LayerNorm's gradients (ZeRO: their dp slices)
         add("all-reduce", ring(4 * psi["top"] / (k if z else 1), plan.pp), "pp")
     return {"params_per_device": psi["total"], "states": states, "sent": sent,

@@ -36,7 +36,7 @@ class Layout:
     zero: int = 0
     recompute: str = "none"
     micro_batch: int = 1  # sequences per micro-batch
-    zero_bubble: str = ""  # a zero-bubble schedule instead of 1F1B (v = 1): zb-h1 or zb-h2
+    zero_bubble: str = ""  # a zero-bubble schedule: zb-h1 or zb-h2 (v = 1), zbv (v = 2)
 
     @property
     def devices(self) -> int:
@@ -82,11 +82,10 @@ def check(shape: Transformer, lay: Layout, batch: int) -> None:
                          f"batch {batch}")
     if lay.sequence_parallel and lay.tp == 1:
         raise ShapeError("sequence parallelism splits the tp group: it needs tp >= 2")
-    if lay.zero_bubble and (lay.pp == 1 or lay.virtual > 1
-                            or lay.zero_bubble not in schedule_model.ZERO_BUBBLE):
-        raise ShapeError(f"zero_bubble {lay.zero_bubble!r} is one of "
-                         f"{', '.join(schedule_model.ZERO_BUBBLE)}, with pp >= 2 and v = 1; "
-                         f"got pp={lay.pp}, v={lay.virtual}")
+    chunks = schedule_model.ZERO_BUBBLE.get(lay.zero_bubble)
+    if lay.zero_bubble and (lay.pp == 1 or lay.virtual != chunks):
+        raise ShapeError(f"zero_bubble {lay.zero_bubble!r} is one of zb-h1, zb-h2 (v = 1) or "
+                         f"zbv (v = 2), with pp >= 2; got pp={lay.pp}, v={lay.virtual}")
 
 
 def memory(shape: Transformer, lay: Layout, batch: int, budget: str = "mixed-adam",

@@ -10,7 +10,7 @@ The rules (RULES says the same in words):
  2. Structure: tp divides the node size (it is on the critical path of every layer) and the
     heads; pp x v divides the layers; cp divides the sequence; dp x micro-batch divides the
     batch; interleaving needs m divisible by pp (Megatron's rule); zb-h1 needs m >= p,
-    zb-h2 m >= 2p; ZeRO needs dp > 1.
+    zb-h2 m >= 2p, zbv m >= 2p-1 (and v = 2); ZeRO needs dp > 1.
  3. Memory (costmodel.layout.memory: states with the byte budget and ZeRO, the gathered
     layer, activations on the first stage) <= usable x device memory.
  4. Optional cap on the pipeline bubble (p-1)/(v m) (zero-bubble: (p-1)/(3m)), Narayanan
@@ -45,9 +45,10 @@ RULES = [
      "recompute none/selective/full, micro-batch 1/2/4/8; sequence parallelism whenever tp > 1"),
     ("structure: tp divides the node size and the heads; pp x v divides the layers; cp divides "
      "the sequence; dp x micro-batch divides the batch; interleaving needs m % pp == 0; "
-     "zero-bubble needs m >= p (zb-h1) or 2p (zb-h2); ZeRO needs dp > 1"),
+     "zero-bubble needs m >= p (zb-h1), 2p (zb-h2), 2p-1 (zbv); ZeRO needs dp > 1"),
     "memory per device (states, gathered layer, first-stage activations) <= usable x memory",
-    "pipeline bubble (p-1)/(v m) (zero-bubble: (p-1)/(3m)) <= max bubble, when a cap is given",
+    "pipeline bubble (p-1)/(v m) (zero-bubble: (p-1)/(3m), zbv (p-1)/(6m)) <= max bubble, "
+    "when a cap is given",
     "rank by predicted step time (compute, bubble, tp, pp, exposed cp and dp), then memory",
 ]
 
@@ -57,7 +58,7 @@ REASONS = {
     "cp": "cp does not divide the sequence",
     "batch": "dp x micro-batch does not divide the batch",
     "interleave": "interleaving needs micro-batches divisible by pp",
-    "zero_bubble": "zero-bubble needs m >= p (zb-h1) or 2p (zb-h2) micro-batches",
+    "zero_bubble": "zero-bubble needs m >= p (zb-h1), 2p (zb-h2) or 2p-1 (zbv) micro-batches",
     "memory": "does not fit in memory",
     "bubble": "pipeline bubble above the cap",
 }
@@ -168,7 +169,7 @@ def structural_reason(job: Job, lay: Layout) -> str | None:
         return "pp"
     if job.batch % (lay.dp * lay.micro_batch):
         return "batch"
-    if lay.virtual > 1 and lay.micro_batches(job.batch) % lay.pp:
+    if lay.virtual > 1 and not lay.zero_bubble and lay.micro_batches(job.batch) % lay.pp:
         return "interleave"
     if lay.micro_batches(job.batch) < least_micro_batches(lay.schedule, lay.pp):
         return "zero_bubble"
@@ -205,9 +206,10 @@ def options(job: Job, dp: int, tp: int, pp: int, cp: int):
     vs = [v for v in divisors(job.shape.layers // pp) if v <= job.max_virtual] if pp > 1 else [1]
     sp = tp > 1 and job.sequence_parallel
     for v in vs:
-        # one chunk per device: the job's schedules (1F1B, zero-bubble); else interleaved
-        for zb in ["" if s == "1f1b" else s for s in job.schedules] if pp > 1 and v == 1 \
-                else [""]:
+        # the job's schedules with v chunks (v = 1: 1F1B's "", zb-h1, zb-h2; v = 2: zbv),
+        # and interleaved 1F1B for every v > 1
+        for zb in [""] * (v > 1 or pp == 1 or "1f1b" in job.schedules) + [
+                s for s in job.schedules if pp > 1 and ZERO_BUBBLE.get(s) == v]:
             for mb, zero, rc in itertools.product(job.micro_batches, job.zero_stages if dp > 1
                                                   else (0,), job.recompute):
                 lay = Layout(dp, tp, pp, cp, v, sp, zero, rc, mb, zb)

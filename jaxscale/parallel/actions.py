@@ -10,7 +10,13 @@ device runs, for every micro-batch and every model chunk it holds, a few actions
   W  the weight gradient of a split backward: nothing waits for it but the optimizer, so
      a schedule may put it wherever a device would otherwise be idle.
 
-Dependencies, with virtual stage k = chunk * p + device and V = v * p virtual stages:
+The model's layers are cut into V = v * p virtual stages, v chunks per device. Where each
+one lives is the placement: "loop" (Megatron's interleaving) puts virtual stage k on device
+k mod p as chunk k // p, so the pipeline loops through the devices v times; "vee" (ZB-V,
+two chunks) runs down the devices and back up: device s holds stages s and 2p-1-s, so the
+first and the last stage, the embedding and the loss, are both on device 0.
+
+Dependencies, for micro-batch j and virtual stage k:
     F(j, k) needs F(j, k-1);   B(j, k) needs B(j, k+1);   B(j, V-1) needs F(j, V-1);
     W(j, k) needs B(j, k) (same device: the gradient at the stage's output that B computed).
 """
@@ -34,8 +40,11 @@ class Action:
     chunk: int
     stage: int  # the device (pipeline rank); its virtual stage is chunk * p + stage
 
-    def virtual_stage(self, p: int) -> int:
-        """Position of this chunk in the whole pipeline of v*p virtual stages."""
+    def virtual_stage(self, p: int, vee: bool = False) -> int:
+        """Position of this chunk in the whole pipeline of v*p virtual stages (placement
+        "vee" if `vee`, else "loop": module docstring)."""
+        if vee:
+            return self.stage if self.chunk == 0 else 2 * p - 1 - self.stage
         return self.chunk * p + self.stage
 
     def label(self, v: int = 1) -> str:
@@ -50,13 +59,23 @@ def check_counts(p, m, v) -> None:
             raise ScheduleError(f"{name} must be a positive integer, got {value!r}")
 
 
-def dependencies(action: Action, p: int, v: int) -> list[Action]:
+def place(k: int, p: int, vee: bool = False) -> tuple[int, int]:
+    """(device, chunk) of virtual stage k (placement "vee" if `vee`, else "loop")."""
+    if vee:
+        return (k, 0) if k < p else (2 * p - 1 - k, 1)
+    return k % p, k // p
+
+
+def dependencies(action: Action, p: int, v: int, vee: bool = False) -> list[Action]:
     """The actions (on any device) that must finish before `action` can start."""
-    k, last, j = action.virtual_stage(p), v * p - 1, action.micro_batch
+    k, last, j = action.virtual_stage(p, vee), v * p - 1, action.micro_batch
+
+    def at(kind: str, stage: int) -> Action:
+        device, chunk = place(stage, p, vee)
+        return Action(kind, j, chunk, device)
+
     if action.kind == "F":
-        return [] if k == 0 else [Action("F", j, (k - 1) // p, (k - 1) % p)]
+        return [] if k == 0 else [at("F", k - 1)]
     if action.kind == "W":
         return [Action("B", j, action.chunk, action.stage)]
-    if k == last:
-        return [Action("F", j, action.chunk, action.stage)]
-    return [Action("B", j, (k + 1) // p, (k + 1) % p)]
+    return [at("F", k)] if k == last else [at("B", k + 1)]

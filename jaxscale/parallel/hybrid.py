@@ -43,6 +43,7 @@ from jaxscale.parallel.step import PlanStep, shard_step
 from jaxscale.parallel.data_parallel import accumulated_value_and_grad
 from jaxscale.parallel.mesh_layouts import is_spec, layer_order, mesh_layout, state_flat_specs
 from jaxscale.parallel.pipeline import pipeline_value_and_grad
+from jaxscale.parallel.schedules import VEE
 from jaxscale.parallel.tick_table import tick_table
 from jaxscale.parallel.plan import PlanError
 from jaxscale.parallel.vma import vary
@@ -118,7 +119,7 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = meshlib.make_mesh(plan.mesh_shape, devices)
     specs = param_specs(logical, plan, model_cfg.kv_heads)
-    order = layer_order(model_cfg.n_layers, plan.pp, plan.virtual)
+    order = layer_order(model_cfg.n_layers, plan.pp, plan.virtual, plan.schedule in VEE)
     check_elementwise(jax.eval_shape(optimizer.init, shapes), shapes,
                       who="tensor/pipeline parallelism")
     layout = mesh_layout(plan, shapes, specs, order, mesh)

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxscale.parallel import layouts
 from jaxscale.parallel.axes import DP, PP, TP
+from jaxscale.parallel.actions import Action
 from jaxscale.parallel.vma import vary
 from jaxscale.parallel.zero_layout import Zero2Layout, Zero3Layout, ZeroLayout, is_stacked
 
@@ -23,11 +24,13 @@ def is_spec(x) -> bool:
     """Whether x is a PartitionSpec: a leaf of a tree of specs (a spec is a tuple)."""
     return isinstance(x, P)
 
-def layer_order(n_layers: int, pp: int, v: int) -> list[int]:
-    """Interleaving: device s holds virtual stages s, s+p, ..., so the stacked layer axis
-    is reordered such that each device's contiguous share is its chunks in order."""
+def layer_order(n_layers: int, pp: int, v: int, vee: bool = False) -> list[int]:
+    """Interleaving: device s holds virtual stages s, s+p, ... (in a V, zbv: s and 2p-1-s;
+    actions.place), so the stacked layer axis is reordered such that each device's
+    contiguous share is its chunks in order."""
     per = n_layers // (pp * v)
-    return [(c * pp + s) * per + i for s in range(pp) for c in range(v) for i in range(per)]
+    return [Action("F", 0, c, s).virtual_stage(pp, vee) * per + i for s in range(pp)
+            for c in range(v) for i in range(per)]
 
 
 def _reorder(x, info, perm):

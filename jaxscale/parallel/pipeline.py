@@ -50,6 +50,10 @@ class Tick(NamedTuple):
     recv: jax.Array
     grecv: jax.Array
     wslot: jax.Array | None = None  # a split backward's: where B's results wait for W
+    recv2: jax.Array | None = None  # chunks in a V: the other neighbour's arrivals and the
+    grecv2: jax.Array | None = None  # device's own (see TickTable)
+    keep: jax.Array | None = None
+    gkeep: jax.Array | None = None
 
 
 def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
@@ -77,8 +81,9 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
                                           family=family),
         lambda prm, h: modellib.head(prm, h, family))
     p, m, v = plan.pp, plan.micro_batches, plan.virtual
-    fields = Tick._fields if table.split else Tick._fields[:-1]
-    rows = Tick(*(jnp.asarray(getattr(table, f)) for f in fields))
+    rows = Tick(*(None if getattr(table, f) is None else jnp.asarray(getattr(table, f))
+                  for f in Tick._fields))
+    last_device = 0 if table.vee else p - 1  # where the last virtual stage (the loss) is
 
     def grad_fn(params, batch, multiplier):
         stage = lax.axis_index(pp_axis)
@@ -98,7 +103,7 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
             return logits_nll_and_count(head(prm, h), mb)[0] / count
 
         def stage_fn(prm, x, mb, chunk):
-            first, last = (stage == 0) & (chunk == 0), (stage == p - 1) & (chunk == v - 1)
+            first, last = (stage == 0) & (chunk == 0), (stage == last_device) & (chunk == v - 1)
             h = jnp.where(first, embed(prm, mb["tokens"]).astype(x.dtype), x)
             h = layers(chunk_blocks(prm["blocks"], chunk), h)
             return h, jnp.where(last, head_loss(prm, h, mb), 0.0)
@@ -114,7 +119,8 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
                                                      family=family),
                 head_loss, chunk_blocks, None if plan.remat == "none"
                 else modellib.REMAT_POLICIES[plan.remat], plan.unroll)
-            branches = _split_branches(parts, stage_fn, stage, mine, p, v, reduction, ct)
+            branches = _split_branches(parts, stage_fn, stage, mine, last_device, v, reduction,
+                                       ct)
             held = (jnp.zeros((table.wslots, per_chunk + 1, *act.shape), act.dtype) + act,) * 2
         else:
             branches = _joint_branches(stage_fn, mine, p, v, stage, reduction, ct)
@@ -122,8 +128,8 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
                  jnp.zeros((table.gslots, *act.shape), act.dtype) + act,
                  jax.tree.map(zeros_like, reduction.accumulator(mine)),
                  zeros_like(act.sum()).astype(jnp.float32), held)
-        (_, _, grads, loss, _), _ = lax.scan(_tick_fn(branches, stage, mbs, p, pp_axis),
-                                             carry, rows)
+        (_, _, grads, loss, _), _ = lax.scan(
+            _tick_fn(branches, stage, mbs, p, pp_axis, table.vee), carry, rows)
         grads = jax.tree.map(lambda g, shared: lax.psum(g, pp_axis) if shared else g,
                              reduction.per_step(grads), replicated_over_pp)
         return lax.psum(loss, (dp_axis, pp_axis)), grads
@@ -156,12 +162,12 @@ def _joint_branches(stage_fn, mine, p, v, stage, reduction, ct):
     return branches
 
 
-def _split_branches(parts, stage_fn, stage, mine, p, v, reduction, ct):
+def _split_branches(parts, stage_fn, stage, mine, last_device, v, reduction, ct):
     """idle, F, B (input gradient) and W (weights) for a zero-bubble schedule; B writes its
     boundary activations and gradients into `held` (slot now.wslot), W reads them there."""
     def branches(now, x, dy, mb, grads, loss, held):
         first = (stage == 0) & (now.chunk == 0)
-        last = (stage == p - 1) & (now.chunk == v - 1)
+        last = (stage == last_device) & (now.chunk == v - 1)
         nothing = zeros_like(x), zeros_like(x), jax.tree.map(zeros_like, grads)
         (hs, gs), zero = held, zeros_like(loss)
 
@@ -186,22 +192,32 @@ def _split_branches(parts, stage_fn, stage, mine, p, v, reduction, ct):
     return branches
 
 
-def _tick_fn(branches, stage, mbs, p, pp_axis):
+def _tick_fn(branches, stage, mbs, p, pp_axis, vee=False):
     """The scan body: this device's action at one tick (one branch of lax.switch), then the
     activation it produced goes to the next stage and the input gradient to the previous
-    one (a ring: with interleaving the last device feeds device 0's next chunk)."""
+    one. Chunks in a loop: around the ring, one ppermute each way (with interleaving the
+    last device feeds device 0's next chunk). In a V (zbv) the next stage is the next
+    device on the way down, the previous one on the way up, or the device itself at the
+    turn: each output is sent both ways, and each arrival is written where the receiver's
+    tables say (-1: nowhere)."""
+    ring = [(i, (i + 1) % p) for i in range(p)]
+    back = [(b, a) for a, b in ring]
+
+    def put(stash, slot, value):
+        return jnp.where(slot >= 0, stash.at[jnp.maximum(slot, 0)].set(value), stash)
+
     def tick(carry, row):
         stash, gstash, grads, loss, held = carry
         now = Tick(*(None if r is None else r[stage] for r in row))
         mb = jax.tree.map(lambda x: x[now.micro], mbs)
         y, dx, d_params, loss_j, held = lax.switch(
             now.kind, branches(now, stash[now.slot], gstash[now.gslot], mb, grads, loss, held))
-        ring = [(i, (i + 1) % p) for i in range(p)]
-        y_in = lax.ppermute(y, pp_axis, ring)  # to the next stage
-        dx_in = lax.ppermute(dx, pp_axis, [(b, a) for a, b in ring])  # to the previous
-        stash = jnp.where(now.recv >= 0, stash.at[jnp.maximum(now.recv, 0)].set(y_in), stash)
-        gstash = jnp.where(now.grecv >= 0,
-                           gstash.at[jnp.maximum(now.grecv, 0)].set(dx_in), gstash)
+        stash = put(stash, now.recv, lax.ppermute(y, pp_axis, ring))  # from the previous
+        gstash = put(gstash, now.grecv, lax.ppermute(dx, pp_axis, back))  # from the next
+        if vee:
+            stash = put(put(stash, now.recv2, lax.ppermute(y, pp_axis, back)), now.keep, y)
+            gstash = put(put(gstash, now.grecv2, lax.ppermute(dx, pp_axis, ring)),
+                         now.gkeep, dx)
         return (stash, gstash, jax.tree.map(jnp.add, grads, d_params), loss + loss_j,
                 held), None
     return tick

@@ -15,7 +15,8 @@ device runs those actions:
                virtual stages s, s+p, ..., s+(v-1)p, so the pipeline has v*p stages, each
                1/v as long, and the bubble shrinks v-fold: (p-1)/(v*m+p-1).
   zb-h1, zb-h2 the zero-bubble schedules of Qi et al. 2023 (jaxscale.parallel.zero_bubble):
-               1F1B with the backward split, the weight gradients moved into the gaps.
+               1F1B with the backward split, the weight gradients moved into the gaps;
+  zbv          and ZB-V: two chunks per device placed in a V (actions.place).
 
 `simulate` runs each device's order strictly in sequence: an action starts once its device
 has finished the previous one and its dependencies are done. Nothing is left to choose, so
@@ -36,6 +37,7 @@ from jaxscale.parallel.actions import Action, ScheduleError, check_counts, depen
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", *zero_bubble.ZERO_BUBBLE)
 SPLIT = zero_bubble.ZERO_BUBBLE  # the schedules whose backward is two actions, B and W
+VEE = zero_bubble.VEE  # the schedules whose chunks are placed in a V
 MAX_CHART_COLUMNS = 5000
 __all__ = ["Action", "ScheduleError", "dependencies"]  # the vocabulary, with the schedules
 
@@ -51,14 +53,15 @@ def check_sizes(schedule: str, p: int, m: int, v: int = 1) -> None:
         raise ScheduleError(f"unknown pipeline schedule {schedule!r}; choose from "
                             f"{', '.join(SCHEDULES)}")
     check_counts(p, m, v)
-    if schedule != "interleaved" and v != 1:
-        raise ScheduleError(f"{schedule} runs one chunk per device, got v={v}; "
-                            "use the interleaved schedule for v > 1")
-    least = {"zb-h1": p, "zb-h2": 2 * p}.get(schedule, 1)  # its warm-up's forwards, at least
+    chunks = {"interleaved": None, "zbv": 2}.get(schedule, 1)  # None: any v >= 2
+    if chunks is not None and v != chunks:
+        raise ScheduleError(f"{schedule} runs {'two chunks' if chunks == 2 else 'one chunk'} "
+                            f"per device, got v={v}; use "
+                            + ("v=2" if chunks == 2 else "the interleaved schedule for v > 1"))
+    least = {"zb-h1": p, "zb-h2": 2 * p, "zbv": 2 * p - 1}.get(schedule, 1)  # its warm-up
     if m < least:
-        raise ScheduleError(f"{schedule} needs at least {'2 x ' * (least > p)}as many "
-                            f"micro-batches as stages (its warm-up fills the pipeline), got "
-                            f"m={m}, p={p}; try m={least}")
+        raise ScheduleError(f"{schedule} needs at least {least} micro-batches with p={p} "
+                            f"stages (its warm-up fills the pipeline), got m={m}; try m={least}")
     if schedule == "interleaved":
         if v < 2:
             raise ScheduleError("interleaved needs v >= 2 model chunks per device, got v=1 "
@@ -77,7 +80,7 @@ def stage_orders(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]
     (`simulate` checks).
     """
     check_sizes(schedule, p, m, v)
-    if schedule in SPLIT:
+    if schedule in SPLIT:  # zbv: its own placement, two chunks
         return [zero_bubble.device_order(schedule, s, p, m) for s in range(p)]
     orders = []
     for s in range(p):
@@ -117,6 +120,7 @@ class Timeline:
     m: int
     v: int
     rows: list[list[tuple[Fraction, Fraction, Action]]]
+    vee: bool = False  # the chunks' placement (actions.place)
 
     @cached_property  # the charts read it often; exact arithmetic on every action is slow
     def makespan(self) -> Fraction:
@@ -166,10 +170,11 @@ def action_costs(f_cost=1.0, b_cost=2.0, w_cost=None, v: int = 1,
 
 
 def simulate(orders: list[list[Action]], p: int, m: int, v: int = 1,
-             f_cost=1.0, b_cost=2.0, w_cost=None) -> Timeline:
+             f_cost=1.0, b_cost=2.0, w_cost=None, vee: bool = False) -> Timeline:
     """Run each device's order: an action starts when its device is free and its inputs are.
 
-    Costs as `action_costs` says (the orders split the backward if they hold any W).
+    Costs as `action_costs` says (the orders split the backward if they hold any W); the
+    chunks placed in a V if `vee` (actions.place).
     Raises ScheduleError if an order misses or repeats work, or would deadlock.
     """
     check_counts(p, m, v)
@@ -190,7 +195,7 @@ def simulate(orders: list[list[Action]], p: int, m: int, v: int = 1,
         for s in range(p):  # run each device as far as its inputs allow
             while nxt[s] < len(orders[s]):
                 a = orders[s][nxt[s]]
-                deps = dependencies(a, p, v)
+                deps = dependencies(a, p, v, vee)
                 if any(d not in end for d in deps):
                     break  # an input is not computed yet: try the other devices
                 start = max([free[s]] + [end[d] for d in deps])
@@ -201,29 +206,30 @@ def simulate(orders: list[list[Action]], p: int, m: int, v: int = 1,
             stuck = ", ".join(f"device {s} at {orders[s][nxt[s]].label(v)}"
                               for s in range(p) if nxt[s] < len(orders[s]))
             raise ScheduleError(f"the orders deadlock: every device waits ({stuck})")
-    return Timeline(p, m, v, rows)
+    return Timeline(p, m, v, rows, vee)
 
 
 def bubble_over_total(schedule: str, p: int, m: int, v: int = 1, f_cost=1.0, b_cost=2.0,
-                      w_cost=None) -> Fraction:
+                      w_cost=None) -> Fraction | None:
     """The textbook idle fraction, idle over the whole time: (p-1)/(m+p-1), and
     (p-1)/(v*m+p-1) when interleaved, whatever the costs; for the zero-bubble schedules,
-    zero_bubble.idle_per_device over it plus the work, which depends on the costs. Exact,
-    to compare with the simulated timeline. The float twin for any sizes is
-    jaxscale.costmodel.bubble_over_total; Narayanan et al.'s bubble over ideal time is
-    jaxscale.costmodel.bubble_over_ideal."""
+    zero_bubble.idle_per_device over it plus the work, which depends on the costs (None
+    where there is no closed form: zbv unless F = B = W). Exact, to compare with the
+    simulated timeline. The float twin for any sizes is jaxscale.costmodel.bubble_over_total;
+    Narayanan et al.'s bubble over ideal time is jaxscale.costmodel.bubble_over_ideal."""
     check_sizes(schedule, p, m, v)
     if schedule not in SPLIT:
         return Fraction(p - 1, v * m + p - 1)
-    c = action_costs(f_cost, b_cost, w_cost, split=True)
+    c = action_costs(f_cost, b_cost, w_cost, v, split=True)
     idle = zero_bubble.idle_per_device(schedule, p, c["F"], c["B"], c["W"])
-    return idle / (idle + m * sum(c.values()))
+    return None if idle is None else idle / (idle + m * v * sum(c.values()))
 
 
 def run(schedule: str, p: int, m: int, v: int = 1, f_cost=1.0, b_cost=2.0,
         w_cost=None) -> Timeline:
     """stage_orders then simulate: the timeline of one named schedule."""
-    return simulate(stage_orders(schedule, p, m, v), p, m, v, f_cost, b_cost, w_cost)
+    return simulate(stage_orders(schedule, p, m, v), p, m, v, f_cost, b_cost, w_cost,
+                    schedule in VEE)
 
 
 def smallest_micro_batches(schedule: str, p: int, max_idle=0.10, v: int = 1,

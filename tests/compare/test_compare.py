@@ -268,12 +268,14 @@ def test_compile_source_says_whether_the_cache_supplied_the_program():
 
 @pytest.mark.slow
 def test_zero_bubble_layouts_pass_with_their_bytes_predicted(cli, tmp_path):
-    """zb-h1 at pp=4 and zb-h2 at dp=2 x pp=2 (ZeRO-1) and pp=2 x tp=2 on tiny8: each follows
-    the single device, sends exactly the predicted bytes (tp: 9 all-reduces per layer and
-    micro-batch: W's 3 on top of the joint backward's 6), and its executed idle share is
-    the closed form's and below 1F1B's at the same p and m."""
+    """zb-h1 at pp=4, zb-h2 at dp=2 x pp=2 (ZeRO-1), zbv at pp=4 and at pp=2 x tp=2 on
+    tiny8: each follows the single device, sends exactly the predicted bytes (tp: 9
+    all-reduces per layer and micro-batch: W's 3 on top of the joint backward's 6; zbv: 4
+    ppermutes per tick, each output both ways), and its executed idle share is the closed
+    form's and below 1F1B's at the same p and m."""
     layouts = ["pp=4,schedule=zb-h1,micro_batches=4", "dp=2,pp=2,zero=1,schedule=zb-h2,"
-               "micro_batches=4", "pp=2,tp=2,schedule=zb-h2,micro_batches=4"]
+               "micro_batches=4", "pp=4,schedule=zbv,virtual=2,micro_batches=8",
+               "pp=2,tp=2,schedule=zbv,virtual=2,micro_batches=4"]
     res = cli("compare", "--model", "tiny8", *[a for x in layouts for a in ("--strategy", x)],
               "--steps", "3", "--repeats", "3", "--out", str(tmp_path), "--json")
     assert res["all_pass"] and [r["name"] for r in res["rows"]][2:] == layouts

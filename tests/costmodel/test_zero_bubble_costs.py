@@ -19,14 +19,15 @@ SMALL = Transformer(8, 1024, 8, 512, vocab=1000)
 def test_closed_forms_equal_the_simulator(p, m):
     """F = B = W (the simulator's default split of a backward of 2): Qi et al.'s ZB-H1
     bubble (p-1)(F+B-W) is a third of 1F1B's (p-1)(F+B+W); zb-h2 idles the same inside one
-    step; the first stage holds p (zb-h1) and 2p (zb-h2) micro-batches from F until W."""
-    for schedule in ("zb-h1", "zb-h2"):
-        tl = run(schedule, p, m)
+    step; zbv, with chunks of half a stage, idles half as long; the first stage holds p
+    (zb-h1, zbv) and 2p (zb-h2) micro-batches' stage activations from F until W."""
+    for schedule, v in (("zb-h1", 1), ("zb-h2", 1), ("zbv", 2)):
+        tl = run(schedule, p, m, v)
         assert cm.bubble_over_total(p, m, schedule=schedule) == pytest.approx(
             float(tl.idle_fraction), rel=1e-12)
         assert cm.bubble_over_ideal(p, m, schedule=schedule) == pytest.approx(
-            cm.bubble_over_ideal(p, m) / 3, rel=1e-12)
-        assert in_flight(p, m, schedule) == tl.peak_in_flight[0]
+            cm.bubble_over_ideal(p, m) / (3 * v), rel=1e-12)  # zbv: chunks of half a stage
+        assert in_flight(p, m, schedule) == tl.peak_in_flight[0] / v  # stages' worth
 
 
 def test_a_zero_bubble_layout_costs_a_third_of_the_bubble_and_its_in_flight_memory():
@@ -52,6 +53,10 @@ def test_the_planner_searches_them_only_when_asked():
     assert best["layout"]["zero_bubble"] in ("zb-h1", "zb-h2")
     assert best["time"]["step"] < default["recommended"]["time"]["step"]
     assert asked["fitting"] > default["fitting"]
+    vee = P.ranked(P.Job(**{**base, "fixed": (("pp", 4), ("tp", 1), ("cp", 1))},
+                         schedules=("zbv",)))
+    assert {r["layout"]["zero_bubble"] for r in vee} == {"zbv", ""}  # "": interleaved, v > 1
+    assert all(r["layout"]["virtual"] == 2 for r in vee if r["layout"]["zero_bubble"])
     # dp = 2 with micro-batches of 8 sequences: m = 64 / 16 = 4, and zb-h2 at p = 4 needs 8
     only = P.plan(P.Job(**base, schedules=("zb-h2",), micro_batches=(8,)))
     assert only["fitting"] == 0 and only["rejected"] == {P.REASONS["zero_bubble"]: 1}
@@ -61,7 +66,7 @@ def test_the_planner_searches_them_only_when_asked():
 def test_bad_input_names_the_value():
     with pytest.raises(cm.CostModelError, match="schedules zb-h3: choose from 1f1b, zb-h1"):
         P.plan(P.Job(SMALL, 64, 8, device("a100"), schedules=("zb-h3",)))
-    with pytest.raises(ShapeError, match="zero_bubble 'zb-h1' is one of .* pp >= 2 and v = 1"):
+    with pytest.raises(ShapeError, match="zero_bubble .zb-h1. is one of .* with pp >= 2; got pp=1"):
         memory(SMALL, Layout(dp=8, zero_bubble="zb-h1"), 64)
     with pytest.raises(cm.CostModelError, match="zb-h2 needs at least 8 micro-batches"):
         cm.bubble_over_total(4, 6, schedule="zb-h2")

@@ -307,6 +307,11 @@ def test_cli_zero_bubble_splits_the_backward(schedule_cli):
     code, out, _ = schedule_cli("--schedule", "zb-h2", "--micro-batches", "8")
     assert "backward 2 = input gradient B 1 + weight gradient W 1 per stage" in out
     assert "simulated 1/9 = 0.1111" in out and "(equal)" in out and "(held from F until W)" in out
+    code, out, _ = schedule_cli("--schedule", "zbv", "--micro-batches", "8", "--json")
+    r = json.loads(out)  # two chunks by default, half the idle of zb-h1's 1/9
+    assert r["virtual"] == 2 and r["idle_fraction_exact"] == "1/17" and r["matches_formula"]
+    code, out, _ = schedule_cli("--schedule", "zbv", "--micro-batches", "8", "--weight-cost", "0.5")
+    assert "(none for these costs)" in out
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -317,7 +322,8 @@ def test_cli_zero_bubble_splits_the_backward(schedule_cli):
     (["--schedule", "interleaved", "--virtual", "1"], ["v >= 2"]),
     (["--schedule", "1f1b", "--weight-cost", "1"], ["--weight-cost", "zb-h1, zb-h2", "1f1b"]),
     (["--schedule", "zb-h1", "--weight-cost", "2"], ["weight part 2.0", "less than the backward"]),
-    (["--schedule", "zb-h2", "--micro-batches", "6"], ["zb-h2", "m=6, p=4", "try m=8"]),
+    (["--schedule", "zb-h2", "--micro-batches", "6"], ["zb-h2", "p=4", "got m=6; try m=8"]),
+    (["--schedule", "zbv", "--virtual", "3"], ["zbv runs two chunks per device", "use v=2"]),
     (["--stages", "0"], ["--stages", "0"]),
     (["--micro-batches", "-3"], ["--micro-batches", "-3"]),
     (["--virtual", "0"], ["--virtual", "0"]),

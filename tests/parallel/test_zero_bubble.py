@@ -8,6 +8,7 @@ import pytest
 from jaxscale.measure import compare_trees
 from jaxscale.parallel import zero_bubble
 from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.actions import Action
 from jaxscale.parallel.schedules import (ScheduleError, action_costs, bubble_over_total, run,
                                          stage_orders)
 from jaxscale.parallel.tick_table import BACKWARD, FORWARD, WEIGHT, tick_table
@@ -22,7 +23,12 @@ COSTS = [(1, 2, None), (1, 2, Fraction(1, 2)), (1, 2, Fraction(3, 2)), (1, 3, Fr
 @pytest.mark.parametrize("costs", COSTS)
 def test_simulated_idle_equals_the_closed_form_exactly(costs):
     """idle per device (p-1) max(F, F+B-W) for zb-h1 and (p-1) max(F, F+B-2W) for zb-h2
-    (m >= 2p), over idle + m(F+B+W): exact fractions, every p, m and cost tried."""
+    (m >= 2p), over idle + m(F+B+W): exact fractions, every p, m and cost tried. zbv has a
+    closed form only for F = B = W, (p-1) F of a chunk; none (None) otherwise."""
+    for p in (1, 2, 3, 4, 8):
+        for m in range(2 * p - 1, 4 * p):
+            tl, formula = run("zbv", p, m, 2, *costs), bubble_over_total("zbv", p, m, 2, *costs)
+            assert formula is None if costs != (1, 2, None) else tl.idle_fraction == formula
     for name, least in (("zb-h1", 1), ("zb-h2", 2)):
         for p in (1, 2, 3, 4, 5, 8):
             for m in range(least * p, least * p + 2 * p + 2):
@@ -43,21 +49,28 @@ def test_below_1f1b_at_the_synchronous_floor_and_the_memory_each_holds():
         assert idle(h1) == idle(h2) == zero_bubble.synchronous_floor(p, 1)
         assert h1.peak_in_flight == [p] * p == [max(one.peak_in_flight)] * p
         assert h2.peak_in_flight == [2 * p] * p
+        vee = run("zbv", p, m, 2)  # chunks of half a stage: half the idle, 1F1B's memory
+        assert (vee.makespan - vee.busy[0]) * 2 == idle(h1) and vee.vee
+        assert vee.peak_in_flight == [2 * p] * p  # chunk activations, p stages' worth
     # with W < B zb-h2 keeps to the floor where zb-h1 cannot
     h1, h2 = run("zb-h1", 4, 8, 1, 1, 2, 0.8), run("zb-h2", 4, 8, 1, 1, 2, 0.8)
     assert h2.makespan - h2.busy[0] == 3 < h1.makespan - h1.busy[0]
 
 
-def test_every_w_follows_its_b_on_the_same_device():
+def test_every_w_follows_its_b_on_the_same_device_and_zbv_turns_in_place():
     for name in zero_bubble.ZERO_BUBBLE:
-        tl = run(name, 4, 8)
+        v = 2 if name in zero_bubble.VEE else 1
+        tl = run(name, 4, 8, v)
         for row in tl.rows:
-            ends = {(a.kind, a.micro_batch): end for _, end, a in row}
+            ends = {(a.kind, a.micro_batch, a.chunk): end for _, end, a in row}
             for start, _, a in row:
                 if a.kind == "W":
-                    assert start >= ends["B", a.micro_batch]
-        assert [a.label() for a in stage_orders(name, 4, 8)[3][:4]] == (
-            ["F0", "B0", "F1", "B1"] if name == "zb-h1" else ["F0", "F1", "B0", "F2"])
+                    assert start >= ends["B", a.micro_batch, a.chunk]
+    assert [a.label() for a in stage_orders("zb-h1", 4, 8)[3][:4]] == ["F0", "B0", "F1", "B1"]
+    assert [a.label() for a in stage_orders("zb-h2", 4, 8)[3][:4]] == ["F0", "F1", "B0", "F2"]
+    # zbv: the last device runs its first chunk's F0 and at once its second chunk's F0
+    assert [a.label(2) for a in stage_orders("zbv", 4, 8, 2)[3][:3]] == ["F0a", "F0b", "F1a"]
+    assert Action("F", 0, 1, 0).virtual_stage(4, vee=True) == 7  # the loss: device 0
 
 
 def test_tick_table_gives_w_its_own_tick_and_slot():
@@ -69,12 +82,18 @@ def test_tick_table_gives_w_its_own_tick_and_slot():
     assert table.wslots == 4  # at most s+1 Ws wait on device s
     assert set(table.branch_share()) == {0, FORWARD, BACKWARD, WEIGHT}
     assert not tick_table("1f1b", 4, 8).split
+    vee = tick_table("zbv", 4, 8, 2)  # the turn at device 3 stays on it; both neighbours send
+    assert vee.vee and (vee.keep[:, 3] >= 0).sum() == 8 and (vee.keep[:, :3] < 0).all()
+    assert (vee.recv2[:, :3] >= 0).sum() == 8 * 3 and (vee.grecv2 >= 0).sum() == 8 * 3
 
 
 @pytest.mark.parametrize("args, words", [
-    (("zb-h1", 4, 3), ["zb-h1 needs at least as many micro-batches as stages", "m=4"]),
-    (("zb-h2", 4, 7), ["zb-h2 needs at least 2 x as many", "m=8"]),
-    (("zb-h1", 2, 4, 2), ["one chunk per device, got v=2"]),
+    (("zb-h1", 4, 3), ["zb-h1 needs at least 4 micro-batches with p=4", "got m=3; try m=4"]),
+    (("zb-h2", 4, 7), ["zb-h2 needs at least 8 micro-batches", "try m=8"]),
+    (("zbv", 4, 6, 2), ["zbv needs at least 7 micro-batches", "try m=7"]),
+    (("zb-h1", 2, 4, 2), ["zb-h1 runs one chunk per device, got v=2"]),
+    (("zbv", 2, 4, 1), ["zbv runs two chunks per device, got v=1; use v=2"]),
+    (("zbv", 2, 4, 3), ["zbv runs two chunks per device, got v=3; use v=2"]),
 ])
 def test_bad_sizes_name_the_value_and_what_would_work(args, words):
     with pytest.raises(ScheduleError) as e:
@@ -93,8 +112,11 @@ def test_bad_costs_and_zero3_are_refused():
 @pytest.mark.parametrize("plan", [dict(pp=2, micro_batches=2, schedule="zb-h1"),
                                   dict(pp=4, micro_batches=4, schedule="zb-h1"),
                                   dict(pp=2, micro_batches=4, schedule="zb-h2"),
-                                  dict(pp=2, tp=2, micro_batches=4, schedule="zb-h1")],
-                         ids=["zb-h1-p2", "zb-h1-p4", "zb-h2-p2", "zb-h1-p2-tp2"])
+                                  dict(pp=2, tp=2, micro_batches=4, schedule="zb-h1"),
+                                  dict(pp=2, micro_batches=4, schedule="zbv", virtual=2),
+                                  dict(pp=4, micro_batches=8, schedule="zbv", virtual=2)],
+                         ids=["zb-h1-p2", "zb-h1-p4", "zb-h2-p2", "zb-h1-p2-tp2", "zbv-p2",
+                              "zbv-p4"])
 def test_split_backward_gradients_equal_the_single_device(devices, plan):
     """B and W as separate vjps regroup the same sums: measured <= 6e-7 of each tensor's
     scale on tiny8; bound fp32_sum_bound(n) = 3.1e-6 (n = 682 target tokens), as for the

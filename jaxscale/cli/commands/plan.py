@@ -98,9 +98,9 @@ def register(subparsers) -> None:
                    metavar="LIST", help="ZeRO stages to try (default 0,1,2,3)")
     p.add_argument("--schedules", type=arg_type(_choices(("1f1b", *ZERO_BUBBLE))),
                    default=("1f1b",), metavar="LIST",
-                   help="pipeline schedules to try with one chunk per device (default 1f1b; "
-                        "add zb-h1,zb-h2, the zero-bubble schedules, for a third of the "
-                        "bubble); interleaved 1F1B is tried for v > 1 either way")
+                   help="pipeline schedules to try (default 1f1b; add zb-h1,zb-h2,zbv, the "
+                        "zero-bubble schedules: a third of 1F1B's bubble, zbv a sixth with "
+                        "two chunks per device); interleaved 1F1B is tried for v > 1 either way")
     p.add_argument("--no-sequence-parallel", action="store_true",
                    help="never use sequence parallelism (a 2021 Megatron had none)")
     p.add_argument("--top", type=size_arg(minimum=0), default=5, metavar="N",

@@ -43,14 +43,15 @@ def register(subparsers) -> None:
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help=f"one of {', '.join(sched.SCHEDULES)} (default 1f1b)")
     p.add_argument("--virtual", type=_number(maximum=MAX_VIRTUAL), default=None, metavar="V",
-                   help="model chunks per device, interleaved only (default 2 there, else 1; "
-                        f"at most {MAX_VIRTUAL}); p x m x v at most {MAX_FORWARDS:,}")
+                   help="model chunks per device, interleaved only (default 2 there and for "
+                        f"zbv, else 1; at most {MAX_VIRTUAL}); p x m x v at most "
+                        f"{MAX_FORWARDS:,}")
     p.add_argument("--forward-cost", type=_number(float, 0, exclusive=True), default=1.0,
                    metavar="T", help="time of one stage's forward (default 1)")
     p.add_argument("--backward-cost", type=_number(float, 0, exclusive=True), default=2.0,
                    metavar="T", help="time of one stage's backward (default 2)")
     p.add_argument("--weight-cost", type=_number(float, 0, exclusive=True), default=None,
-                   metavar="T", help="zero-bubble schedules (zb-h1, zb-h2) split the backward "
+                   metavar="T", help="zero-bubble schedules (zb-h1, zb-h2, zbv) split the backward "
                    "into the input gradient (B) and the weight gradient (W): W's time, less "
                    "than the backward's (default half of it); B takes the rest")
     p.add_argument("--png", type=_figure_file, default=None, metavar="FILE",
@@ -73,8 +74,9 @@ def _show(x: Fraction) -> str:
 
 def _cmd_schedule(args) -> int:
     name, p, m = args.schedule, args.stages, args.micro_batches
-    v = args.virtual if args.virtual is not None else (2 if name == "interleaved" else 1)
-    if v > 1 and name in sched.SCHEDULES and name != "interleaved":
+    v = args.virtual if args.virtual is not None else (
+        2 if name in ("interleaved", *sched.VEE) else 1)
+    if v > 1 and name in sched.SCHEDULES and name not in ("interleaved", *sched.VEE):
         raise sched.ScheduleError(f"--virtual {v} needs --schedule interleaved; {name} runs "
                                   "one model chunk per device")
     if p * m * v > MAX_FORWARDS:
@@ -87,16 +89,18 @@ def _cmd_schedule(args) -> int:
                                   f"({', '.join(sched.SPLIT)}); {name} runs it whole")
     costs = (args.forward_cost, args.backward_cost, args.weight_cost)
     orders = sched.stage_orders(name, p, m, v)
-    tl = sched.simulate(orders, p, m, v, *costs)
+    tl = sched.simulate(orders, p, m, v, *costs, vee=name in sched.VEE)
     formula_text = ("idle/(idle+m(F+B+W)), idle = (p-1) max(F, F+B-" + "2" * (name == "zb-h2")
-                    + "W)" if name in sched.SPLIT
-                    else "(p-1)/(v*m+p-1)" if v > 1 else "(p-1)/(m+p-1)")
+                    + "W)" if name in ("zb-h1", "zb-h2") else
+                    "idle/(idle+m(F+B+W)), idle = (p-1) F of a chunk, for F = B = W" if name
+                    in sched.VEE else "(p-1)/(v*m+p-1)" if v > 1 else "(p-1)/(m+p-1)")
     formula, simulated = sched.bubble_over_total(name, p, m, v, *costs), tl.idle_fraction
     chart = sched.text_chart(tl)
     png = None if args.png is None else str(args.png)
     if png:
         gantt_png(tl, png, title=f"{name}, p={p}, m={m}, v={v}: idle {float(simulated):.1%}"
-                                 f" (simulated), formula {formula_text} = {float(formula):.1%}")
+                                 " (simulated)" + ("" if formula is None else
+                                 f", formula {formula_text} = {float(formula):.1%}"))
     if args.json:
         print(json.dumps({
             "schedule": name, "stages": p, "micro_batches": m, "virtual": v,
@@ -105,8 +109,10 @@ def _cmd_schedule(args) -> int:
                             if tl.split else None),
             "makespan": float(tl.makespan), "busy": [float(b) for b in tl.busy],
             "idle_fraction": float(simulated), "idle_fraction_exact": str(simulated),
-            "formula": formula_text, "formula_idle_fraction": float(formula),
-            "formula_idle_fraction_exact": str(formula), "matches_formula": simulated == formula,
+            "formula": formula_text,
+            "formula_idle_fraction": None if formula is None else float(formula),
+            "formula_idle_fraction_exact": None if formula is None else str(formula),
+            "matches_formula": None if formula is None else simulated == formula,
             "peak_in_flight": tl.peak_in_flight,
             "orders": [[a.label(v) for a in order] for order in orders],
             "timeline": [[{"start": float(s), "end": float(e), "kind": a.kind,
@@ -123,8 +129,9 @@ def _cmd_schedule(args) -> int:
           f"{args.backward_cost:g}{split} per stage{example}")
     print(chart)
     print(f"makespan {_show(tl.makespan)}, busy {_show(tl.busy[0])} per device")
-    print(f"idle fraction: simulated {_show(simulated)}; formula {formula_text} = "
-          f"{_show(formula)} ({'equal' if simulated == formula else 'DIFFERENT'})")
+    print(f"idle fraction: simulated {_show(simulated)}; formula {formula_text}"
+          + (" (none for these costs)" if formula is None else f" = {_show(formula)} "
+             f"({'equal' if simulated == formula else 'DIFFERENT'})"))
     print(f"peak in-flight {what} per device: {' '.join(map(str, tl.peak_in_flight))}"
           + (f" (GPipe would hold {'all ' * (m > 1)}{plural(m, 'micro-batch')} on every "
              "device)" if name == "1f1b" else " (held from F until W)" if tl.split else ""))

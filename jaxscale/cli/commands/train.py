@@ -94,7 +94,7 @@ def _config(args):
                       mesh=args.mesh or "dp=1", micro_batches=args.micro_batches or 1,
                       remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
                       sequence_parallel=args.sequence_parallel,
-                      virtual=args.virtual or (2 if args.schedule == "interleaved" else 1),
+                      virtual=args.virtual or (2 if args.schedule in ("interleaved", "zbv") else 1),
                       spike_policy=args.spike_policy, spike_z=args.spike_z,
                       spike_window=args.spike_window,
                       rollback_lr_factor=args.rollback_lr_factor)
