@@ -126,6 +126,14 @@ def test_strategy_plans_on_eight_devices():
     (["compare", "--strategy", "dp=2,foo=1"], ["unknown layout key 'foo'", "zero, micro"]),
     (["compare", "--strategy", "dp=16"], ["'dp=16' needs 16 devices, got 8"]),
     (["compare", "--strategy", "dp=2,cp=2,pp=2"], ["cp=2", "use pp=1"]),
+    (["compare", "--strategy", "pp=4,schedule=zbv,micro_batches=8"],
+     ["zbv runs two chunks per device, got v=1; use v=2"]),
+    (["compare", "--strategy", "pp=4,schedule=zb-h2,micro_batches=4"],
+     ["zb-h2 needs at least 8 micro-batches with p=4", "try m=8"]),
+    (["compare", "--strategy", "dp=2,pp=2,zero=3,schedule=zb-h1,micro_batches=2"],
+     ["zb-h1 splits each backward", "zero_stage 1 or 2"]),
+    (["compare", "--model", "tiny", "--strategy", "pp=2,schedule=zbv,virtual=2,micro_batches=4"],
+     ["pp x virtual = 2 x 2 = 4 chunks must divide"]),
     (["compare", "--out", "pyproject.toml"], ["'pyproject.toml' is an existing file"]),
     (["compare", "--tolerance", "0"], ["--tolerance", "got 0"]),
 ])
@@ -268,13 +276,15 @@ def test_compile_source_says_whether_the_cache_supplied_the_program():
 
 @pytest.mark.slow
 def test_zero_bubble_layouts_pass_with_their_bytes_predicted(cli, tmp_path):
-    """zb-h1 at pp=4, zb-h2 at dp=2 x pp=2 (ZeRO-1), zbv at pp=4 and at pp=2 x tp=2 on
-    tiny8: each follows the single device, sends exactly the predicted bytes (tp: 9
-    all-reduces per layer and micro-batch: W's 3 on top of the joint backward's 6; zbv: 4
-    ppermutes per tick, each output both ways), and its executed idle share is the closed
-    form's and below 1F1B's at the same p and m."""
-    layouts = ["pp=4,schedule=zb-h1,micro_batches=4", "dp=2,pp=2,zero=1,schedule=zb-h2,"
-               "micro_batches=4", "pp=4,schedule=zbv,virtual=2,micro_batches=8",
+    """Each zero-bubble schedule at pp=4 and at dp=2 x pp=2 (with ZeRO-1 or 2), and zbv at
+    pp=2 x tp=2, on tiny8: each follows the single device, sends exactly the predicted
+    bytes (tp: 9 all-reduces per layer and micro-batch: W's 3 on top of the joint
+    backward's 6; zbv: 4 ppermutes per tick, each output both ways), and its executed idle
+    share is the closed form's and below 1F1B's at the same p and m."""
+    layouts = ["pp=4,schedule=zb-h1,micro_batches=4", "dp=2,pp=2,zero=2,schedule=zb-h1,"
+               "micro_batches=4", "pp=4,schedule=zb-h2,micro_batches=8", "dp=2,pp=2,zero=1,"
+               "schedule=zb-h2,micro_batches=4", "pp=4,schedule=zbv,virtual=2,micro_batches=8",
+               "dp=2,pp=2,zero=2,schedule=zbv,virtual=2,micro_batches=4",
                "pp=2,tp=2,schedule=zbv,virtual=2,micro_batches=4"]
     res = cli("compare", "--model", "tiny8", *[a for x in layouts for a in ("--strategy", x)],
               "--steps", "3", "--repeats", "3", "--out", str(tmp_path), "--json")
