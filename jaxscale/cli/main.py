@@ -20,7 +20,8 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 # The subcommands: each module in jaxscale/cli/commands/ has register(subparsers), which adds
 # its parser (class _Parser, so errors are one line) and sets `run=handler`.
 COMMAND_MODULES: tuple[str, ...] = ("train", "compare", "memory", "comm", "failures", "plan",
-                                    "schedule", "launch", "checkpoint", "data", "bench")
+                                    "schedule", "launch", "checkpoint", "data", "bench",
+                                    "explain")
 
 class UsageError(ValueError):
     """A command-line value is invalid."""

@@ -1,0 +1,153 @@
+"""Where every tensor of a layout's training state lives: `jaxscale explain`.
+
+A layout (a Plan) decides, for each tensor the training step keeps between steps, which
+mesh axes split it and which hold copies. This module builds the plan's state for real (on
+the devices given: forced host-CPU devices on a laptop) and reads each array's sharding:
+
+  name, kind        the parameter's path; parameter, master weight (fp32, for 16-bit
+                    policies), optimizer slot (mu, nu, trace, ...), or counter (scalars)
+  logical axes      the model's names for the parameter's dimensions ("flat" or
+                    "reshaped" where a layout keeps its own shape: ZeRO-1/2's slices)
+  spec              its PartitionSpec on the mesh: which mesh axis splits which dimension
+  per device        the shape of one device's piece, its dtype and bytes
+  replicas          how many devices hold the same piece: 1 = sharded over every device,
+                    the device count = whole on every device
+  flag              a tensor the plan's ZeRO stage should split over dp but that each dp
+                    replica holds whole (what silently costs memory)
+
+The per-device bytes come from the shardings' shapes (shard_shape x itemsize), not from
+the arrays' buffers; their total over parameters, master weights and optimizer slots is the
+model state that `jaxscale compare` measures from the buffers on its first device, which
+tests/compare/test_explain.py checks to the byte. Gradients are not listed: they exist only
+inside the step.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxscale.model import optim, transformer as modellib
+from jaxscale.parallel.axes import DP
+from jaxscale.parallel.build import build_train_step
+from jaxscale.parallel.plan import Plan
+
+PERSISTENT = ("parameter", "master weight", "optimizer slot")  # compare's model state
+
+
+def tensors(cfg, plan: Plan, params, devices, optimizer=None) -> list[dict]:
+    """One row per array of the plan's initial training state (module docstring), built
+    from `params` (fp32, whole) on `devices`; `optimizer` defaults to compare's AdamW."""
+    init, _ = build_train_step(cfg, plan, optimizer or optim.adamw(3e-3),
+                               list(devices)[:plan.n_devices])
+    state = init(params)
+    axes = modellib.logical_axes(modellib.abstract(cfg))
+    rows = []
+    rows = [_row(path, x, axes) for path, x in jax.tree_util.tree_leaves_with_path(state)]
+    for r in rows:
+        r["flag"] = _unsharded(r, plan)
+    return rows
+
+
+def _unsharded(row: dict, plan: Plan) -> str | None:
+    """A note if the tensor is whole across the dp replicas although the plan's ZeRO stage
+    shards its kind over dp (1: optimizer slots and master weights; 3: parameters too):
+    every dp replica would then hold a copy the stage promised to split."""
+    sharded = {"optimizer slot", "master weight"} | ({"parameter"} if plan.zero_stage == 3
+                                                     else set())
+    if plan.zero_stage and plan.dp > 1 and row["kind"] in sharded and \
+            DP not in row["mesh_axes"]:
+        return f"whole on each dp replica, but ZeRO-{plan.zero_stage} shards it over dp"
+    return None
+
+
+def _row(path, x, axes) -> dict:
+    # dictionary keys name the parameter; attribute names are the state's own structure
+    # (TrainState's field, then optax's: ScaleByAdamState.mu, ...), the last one the slot
+    top = path[0].name
+    param_path = [k.key for k in path[1:] if isinstance(k, jax.tree_util.DictKey)]
+    fields = [k.name for k in path[1:] if isinstance(k, jax.tree_util.GetAttrKey)]
+    slot = fields[-1] if fields else None
+    if x.ndim == 0:
+        kind = "counter"
+    else:
+        kind = {"params": "parameter", "master": "master weight"}.get(top, "optimizer slot")
+    logical = _lookup(axes, param_path)
+    sharding = x.sharding
+    piece = _piece_shape(x)
+    holders = sharding.devices_indices_map(x.shape)
+    distinct = {tuple((s.start, s.stop) for s in index) for index in holders.values()}
+    if logical is not None and len(logical) != x.ndim:  # ZeRO-1/2 keep slots as slices
+        logical = "flat" if x.ndim == 1 else "reshaped"
+    return {"name": "/".join(param_path) or "/".join([top, *fields]), "kind": kind,
+            "slot": slot if kind == "optimizer slot" else None,
+            "logical_axes": logical if logical is None or isinstance(logical, str)
+            else list(logical),
+            "spec": _spec_text(sharding), "mesh_axes": _mesh_axes(sharding),
+            "shape": list(x.shape), "per_device_shape":
+            list(piece), "dtype": str(x.dtype), "bytes_per_device": math.prod(piece) *
+            np.dtype(x.dtype).itemsize, "devices": len(holders),
+            "replicas": len(holders) // len(distinct)}
+
+
+def _lookup(axes, path):
+    """The logical axes of the parameter at `path` in the model's nested dict, or None."""
+    node = axes
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node if isinstance(node, tuple) else None
+
+
+def _piece_shape(x) -> tuple[int, ...]:
+    """One device's piece of x: from the sharding where it divides evenly, else the
+    largest piece a device holds."""
+    try:
+        return tuple(x.sharding.shard_shape(x.shape))
+    except ValueError:
+        return max((tuple(s.data.shape) for s in x.addressable_shards), key=math.prod)
+
+
+def _mesh_axes(sharding) -> list[str]:
+    """The mesh axes that split the tensor (none: whole on every device)."""
+    spec = getattr(sharding, "spec", None) or ()
+    return [a for p in spec if p is not None for a in ((p,) if isinstance(p, str) else p)]
+
+
+def _spec_text(sharding) -> str:
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return "whole" if sharding.is_fully_replicated else type(sharding).__name__
+    parts = ["None" if p is None else p if isinstance(p, str) else "(" + ",".join(p) + ")"
+             for p in spec]
+    return "P(" + ", ".join(parts) + ")"
+
+
+def totals(rows: list[dict]) -> dict:
+    """Bytes per device by kind, and the model state (parameters + master weights +
+    optimizer slots) that compare measures."""
+    by_kind = {k: sum(r["bytes_per_device"] for r in rows if r["kind"] == k)
+               for k in (*PERSISTENT, "counter")}
+    return {**by_kind, "model_state": sum(by_kind[k] for k in PERSISTENT)}
+
+
+def differences(a: list[dict], b: list[dict]) -> list[dict]:
+    """The tensors whose placement or per-device bytes differ between two plans' rows, by
+    (kind, slot, name); a tensor only one plan keeps (a master weight) is listed too."""
+    key = lambda r: (r["kind"], r["slot"] or "", r["name"])  # noqa: E731
+    left, right = {key(r): r for r in a}, {key(r): r for r in b}
+    out = []
+    for k in sorted(set(left) | set(right)):
+        x, y = left.get(k), right.get(k)
+        fields = ("spec", "per_device_shape", "bytes_per_device", "replicas", "dtype")
+        if x is None or y is None or any(x[f] != y[f] for f in fields):
+            out.append({"kind": k[0], "slot": k[1] or None, "name": k[2], "a": x, "b": y})
+    return out
+
+
+def whole_params(cfg) -> dict:
+    """The model's fp32 parameters at initialisation (seed 0), as a nested dict."""
+    return nnx.to_pure_dict(nnx.state(modellib.build(cfg, seed=0), nnx.Param))
