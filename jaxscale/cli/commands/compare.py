@@ -21,6 +21,7 @@ from jaxscale.cli.main import _number
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.runtime import devices as devlib
 from jaxscale.cli import cluster_options
+from jaxscale.cli.commands import compare_baseline
 from jaxscale.model import config as model_config
 
 
@@ -91,6 +92,7 @@ def register(subparsers) -> None:
     p.add_argument("--save-params", type=output_dir, default=None, metavar="DIR",
                    help="write each strategy's final whole parameters to DIR/NAME.npz (to "
                         "compare runs, e.g. one process against several)")
+    compare_baseline.add_arguments(p)
     runtime.add_profile_argument(p)  # one trace folder per strategy: DIR/NAME
     cluster_options.add_arguments(p)
     p.set_defaults(run=run)
@@ -162,6 +164,7 @@ def run(args) -> int:
         check_target_sizes(plans, target, args.strategy, cfg)
     out = Path(args.out)
     cluster = distributed.from_args(args)
+    base = compare_baseline.load(args)  # a baseline of another job is refused before JAX
     if args.abstract:
         if cluster is not None:
             raise CompareError("--abstract compiles in one process; drop the multi-process "
@@ -212,7 +215,9 @@ def run(args) -> int:
     result["complete"] = True
     result["wall"] = wall
     report.finish(result)
+    compare_baseline.check(base, result)
     save(result["rows"])
+    compare_baseline.save(args, out)
     (out / "compare.md").write_text(report.markdown(result))
     from jaxscale.compare.charts import charts
     charts(result, out)
@@ -221,7 +226,8 @@ def run(args) -> int:
     else:
         report.print_table(result)
         print(f"report, JSON and charts in {out}/", file=sys.stderr)
-    return 0 if result["all_pass"] else 1
+    unchanged = result.get("baseline", {}).get("unchanged", True)
+    return 0 if result["all_pass"] and unchanged else 1
 
 
 def _run_abstract(args, cfg, plans, out: Path, target=None) -> int:

@@ -1,0 +1,61 @@
+"""`compare --baseline FILE` and `--save-baseline FILE`: the command-line side of
+jaxscale.compare.baseline (the options, the check before the run, the table after it)."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+from jaxscale.cli.paths import output_file
+from jaxscale.report import print_table
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--baseline", default=None, metavar="FILE",
+                   help="a previous run's compare.json (or --save-baseline file) of the same "
+                        "model, devices, steps, batch and platform: every strategy both have "
+                        "must follow its losses within this run's bound and send and hold "
+                        "exactly its bytes; what moved is listed, and the exit code is 1")
+    p.add_argument("--save-baseline", type=lambda t: output_file(t, ("json",)), default=None,
+                   metavar="FILE", help="also copy this run's compare.json to FILE (.json), "
+                                        "to check later runs against with --baseline")
+
+
+def load(args):
+    """The baseline (or None), checked against this job before anything compiles."""
+    from jaxscale.compare import baseline
+    if args.abstract and (args.baseline or args.save_baseline):
+        raise baseline.BaselineError("--baseline and --save-baseline keep a trained run's "
+                                     "losses, bytes and memory; drop --abstract")
+    if args.baseline is None:
+        return None
+    return baseline.load(args.baseline, {"model": args.model, "devices": args.devices,
+                                         "steps": args.steps, "batch_size": args.batch_size,
+                                         "platform": args.platform})
+
+
+def check(base, result: dict) -> None:
+    """Compare the finished run with the baseline: result["baseline"], and a table."""
+    if base is None:
+        return
+    from jaxscale.compare import baseline
+    result["baseline"] = report = baseline.moved(base, result)
+    if not report["moved"]:
+        print(f"baseline: {len(report['compared'])} strategies unchanged (losses within "
+              f"{report['tolerance']:.1e}, bytes and memory equal)", file=sys.stderr)
+        return
+    print_table(f"what moved since the baseline ({len(report['moved'])})",
+                ["strategy", "what", "baseline", "now"],
+                [[m["strategy"], m["what"], _show(m["baseline"]), _show(m["now"])]
+                 for m in report["moved"]], file=sys.stderr)
+
+
+def save(args, out) -> None:
+    if args.save_baseline is not None:
+        shutil.copyfile(out / "compare.json", args.save_baseline)
+
+
+def _show(x) -> str:
+    if isinstance(x, float) and not x.is_integer():
+        return f"{x:.3e}"
+    return f"{int(x):,}" if isinstance(x, (int, float)) else json.dumps(x)
