@@ -161,6 +161,12 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
                    if o.startswith("--")})
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
 def _check_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """A misspelt long option fails with its nearest match: 'unrecognized argument --stpes;
     did you mean --steps?' (argparse alone would not say, nor name the command's options).
@@ -206,6 +212,11 @@ def _main(argv: list[str] | None) -> int:
         argv_ = _attach_negative_values(argv)
         _check_options(parser, argv_)
         args = parser.parse_args(argv_)
+        if getattr(args, "config", None):  # the file's options under the command line's
+            from jaxscale.cli import config_file
+            command, sub = args.command, _subparser(parser, args.command)
+            args = config_file.reparse(sub, argv_[argv_.index(command) + 1:], args.config)
+            args.command = command
         if args.command is None:  # bare `jaxscale`: what it takes, on stderr
             print(parser.format_help(), end="", file=sys.stderr)
             return EXIT_USAGE

@@ -81,6 +81,11 @@ def _output(t) -> None:
                         "(default runs/train)")
     t.add_argument("--json", action="store_true",
                    help="print one JSON object with every figure instead of a table")
+    t.add_argument("--tensorboard", type=output_dir, default=None, metavar="DIR",
+                   help="also write TensorBoard scalars to DIR (loss, gradient norm, "
+                        "learning rate, loss scale, tokens/s, validation loss, guard events; "
+                        "needs the tensorboard extra: pip install -e \".[tensorboard]\"); "
+                        "metrics.jsonl stays the record")
 
 
 def _mesh_and_plan(t, d) -> None:

@@ -30,14 +30,16 @@ from jaxscale.training.setup import check_config, load_corpus, start_run
 
 def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = True,
           log=None, checkpoint=None, halt_after: int | None = None, faults=(),
-          corpus: garden.Corpus | None = None, profile: str | Path | None = None) -> TrainResult:
+          corpus: garden.Corpus | None = None, profile: str | Path | None = None,
+          tensorboard: str | Path | None = None) -> TrainResult:
     """Train on the garden corpus; write metrics.jsonl, loss_curve.png, result.json into out_dir.
 
     `corpus` replaces the one cfg describes (make_corpus(cfg.seed, cfg.n_train_docs, ...)):
     the data experiment trains on a duplicated and a deduplicated set this way. Its
     seq_len must be the model's; a checkpoint records the data position, not the corpus.
-    `profile`: a jax.profiler trace of PROFILE_STEPS steps after the first (which compiles)
-    goes to that folder (jaxscale.runtime.profiling; process 0 only).
+    `tensorboard`: a folder for TensorBoard scalars of every step (training.tensorboard;
+    process 0 only). `profile`: a jax.profiler trace of PROFILE_STEPS steps after the first
+    (which compiles) goes to that folder (jaxscale.runtime.profiling; process 0 only).
 
     `checkpoint` (CheckpointOptions) saves the state every so many steps (and at the last)
     and, with resume, continues from the latest complete checkpoint under this config's
@@ -60,7 +62,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     check_config(cfg, checkpoint)
     run, hooks, validator, out, profiler = start_run(
         cfg, load_corpus(cfg, corpus), out_dir, progress, log, checkpoint, halt_after,
-        faults, profile)
+        faults, profile, tensorboard)
     try:
         while run.step < run.end:
             run.begin_step()

@@ -15,6 +15,7 @@ from jaxscale.report import Progress
 from jaxscale.runtime import processes, profiling
 from jaxscale.runtime.outputs import start_output_set
 from jaxscale.training import hooks as H
+from jaxscale.training.tensorboard import TensorBoard
 from jaxscale.training.checkpoint.manager import Checkpointer
 from jaxscale.training.config import TrainConfig, TrainConfigError, lr_schedule
 from jaxscale.training.faults import FAULTS_FILE, FaultLog
@@ -52,7 +53,8 @@ def load_corpus(cfg: TrainConfig, corpus: garden.Corpus | None) -> garden.Corpus
     return corpus
 
 
-def start_run(cfg, corpus, out_dir, progress, log, checkpoint, halt_after, faults, profile):
+def start_run(cfg, corpus, out_dir, progress, log, checkpoint, halt_after, faults, profile,
+              tensorboard=None):
     """(run, hooks, validator, output folder or None, profiler): ready for the first step."""
     mcfg, plan = model_config.preset(cfg.model), cfg.plan()
     graphdef, params, optimizer = init_run(cfg)
@@ -84,8 +86,10 @@ def start_run(cfg, corpus, out_dir, progress, log, checkpoint, halt_after, fault
                          Path(checkpoint.directory) / FAULTS_FILE, write=main)
     # the guarded step when it has something to do; else the plain one, not a bit apart
     guarded = cfg.spike_policy != "none" or any(f.kind in ("nan", "lr") for f in faults)
+    scalars = [TensorBoard(tensorboard)] if tensorboard is not None and main else []
     hooks = [H.FaultInjector(fault_log), H.Profiler(profiler),
              H.SpikeGuard(guarded, ckpt, restore), validator, H.MetricsWriter(run.metrics),
+             *scalars,
              H.ProgressBar(Progress(cfg.steps, progress and main, label="train")),
              H.StopVote(halt_after), H.CheckpointSaver(ckpt)]
     for hook in hooks:

@@ -20,7 +20,7 @@ from pathlib import Path
 from jaxscale.cli.main import _number
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.runtime import devices as devlib
-from jaxscale.cli import cluster_options
+from jaxscale.cli import cluster_options, config_file
 from jaxscale.cli.commands import compare_baseline
 from jaxscale.model import config as model_config
 
@@ -93,9 +93,10 @@ def register(subparsers) -> None:
                    help="write each strategy's final whole parameters to DIR/NAME.npz (to "
                         "compare runs, e.g. one process against several)")
     compare_baseline.add_arguments(p)
+    config_file.add_argument(p)
     runtime.add_profile_argument(p)  # one trace folder per strategy: DIR/NAME
     cluster_options.add_arguments(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, parser=p)
 
 
 def _strategy_names(args, n, cfg) -> tuple[list[str], tuple[str, ...]]:
@@ -198,6 +199,7 @@ def run(args) -> int:
     voice = {"main": cluster is None or cluster.process_id in (None, 0)}
     if voice["main"]:
         _start_outputs(out)
+        config_file.write(args.parser, args, out)  # the options this run ran with
     wall: dict = {}  # where the run's wall time went: compile phase, timing phase, ...
     try:
         rows = run_all(spec, save, log, voice=voice, wall=wall)
@@ -246,6 +248,7 @@ def _run_abstract(args, cfg, plans, out: Path, target=None) -> int:
                       hbm_bytes=target.hbm_bytes)
     _write_json(out / "compare.json", result)
     (out / "compare.md").write_text(report.markdown(result))
+    config_file.write(args.parser, args, out)  # the options this run ran with
     if args.json:
         print(json.dumps(result))
     else:
@@ -259,7 +262,7 @@ def _start_outputs(out: Path) -> None:
     compare.json, whole or partial (a refused run leaves an earlier result untouched)."""
     from jaxscale.compare.charts import FILES as CHARTS
     from jaxscale.runtime.outputs import start_output_set
-    start_output_set(out, ("compare.json", "compare.md", *CHARTS))
+    start_output_set(out, ("compare.json", "compare.md", "config.toml", *CHARTS))
 
 
 def _write_json(path: Path, obj) -> None:

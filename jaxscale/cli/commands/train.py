@@ -18,7 +18,10 @@ from jaxscale.runtime import mesh as meshlib
 def register(subparsers) -> None:
     from jaxscale.cli import train_options
 
-    train_options.add_parser(subparsers).set_defaults(run=run)
+    from jaxscale.cli import config_file
+    p = train_options.add_parser(subparsers)
+    config_file.add_argument(p)
+    p.set_defaults(run=run, parser=p)
 
 
 def _checkpoint_options(args):
@@ -145,10 +148,13 @@ def run(args) -> int:
     train_notes.before_run(args, cfg, log)
 
     main = is_main()  # several processes: only process 0 prints
+    if main:
+        from jaxscale.cli import config_file
+        config_file.write(args.parser, args, args.out)  # the options this run ran with
     try:
         result = train(cfg, out_dir=args.out, progress=not args.json, log=log,
                        checkpoint=checkpoint, halt_after=args.halt_after, faults=faults,
-                       profile=args.profile)
+                       profile=args.profile, tensorboard=args.tensorboard)
     except CheckpointWriteError as e:
         _error(str(e))
         return EXIT_FAILED
