@@ -27,10 +27,10 @@ import jax
 import numpy as np
 
 from jaxscale import garden
-from jaxscale.compare import phases
+from jaxscale.compare import divergence, phases
 from jaxscale.compare.predict import predict, predictable
 from jaxscale.compare.run import mesh_label
-from jaxscale.compare.strategies import CompareError
+from jaxscale.compare.strategies import CONTROL, CompareError
 from jaxscale.compare.time_model import calibrate
 from jaxscale.data.sampler import StepBatches
 from jaxscale.model import config as model_config, optim
@@ -159,6 +159,17 @@ class Rows:
                      os.path.join(where, name.replace("/", "_")))
         if save:
             p.row["params_file"] = _save_params(p.row, save, self.me)
+        if self.spec.get("trace_divergence") and name not in ("single", CONTROL):
+            self._trace(p)
+
+    def _trace(self, p: phases.Prepared) -> None:
+        """row["divergence"]: where the strategy parts ways (compare.divergence)."""
+        n = self.spec["batch_size"]
+        batches = [self.batches.rows(i, 0, n) for i in range(len(self.batches))]
+        bound = self.spec.get("tolerance") or divergence.rounding_bound(
+            int(batches[0]["mask"].sum()))
+        p.row["divergence"] = divergence.trace(p.plan, self.cfg, self.params, batches,
+                                               self.devices, bound, optim.adamw(LEARNING_RATE))
 
     def _row(self, row: dict) -> dict:
         row["mesh"] = mesh_label(row["plan"])

@@ -92,6 +92,12 @@ def register(subparsers) -> None:
     p.add_argument("--save-params", type=output_dir, default=None, metavar="DIR",
                    help="write each strategy's final whole parameters to DIR/NAME.npz (to "
                         "compare runs, e.g. one process against several)")
+    p.add_argument("--trace-divergence", action="store_true",
+                   help="for each strategy, also find where it parts ways with the single "
+                        "device: the first step whose loss leaves the bound (--tolerance, "
+                        "else fp32 rounding of the batch's sum), the parameters that differ "
+                        "most entering it, and the block whose computation differs (a "
+                        "bisection over models cut to their first blocks); one process")
     compare_baseline.add_arguments(p)
     config_file.add_argument(p)
     runtime.add_profile_argument(p)  # one trace folder per strategy: DIR/NAME
@@ -152,8 +158,6 @@ def _checked_plans(args, cfg, on_cpu: bool) -> dict:
 
 
 def run(args) -> int:
-    from dataclasses import asdict
-
     from jaxscale.runtime import processes as distributed
     from jaxscale.compare.strategies import CompareError
     from jaxscale.cli.commands.compare_target import check_target_sizes, target_and_job
@@ -166,13 +170,16 @@ def run(args) -> int:
     out = Path(args.out)
     cluster = distributed.from_args(args)
     base = compare_baseline.load(args)  # a baseline of another job is refused before JAX
+    if args.trace_divergence and (args.abstract or cluster is not None):
+        raise CompareError("--trace-divergence retrains each strategy in one process next to "
+                           "the single device; drop --abstract and the multi-process options")
     if args.abstract:
         if cluster is not None:
             raise CompareError("--abstract compiles in one process; drop the multi-process "
                                "options (or run it without `jaxscale launch`)")
         return _run_abstract(args, cfg, plans, out, target)
     from jaxscale.compare import report
-    from jaxscale.compare.run import WorkerError, run_all, worker_count
+    from jaxscale.compare.run import WorkerError, run_all
     from jaxscale.compare.strategies import judge
     result = {"model": args.model, "devices": args.devices, "steps": args.steps,
               "batch_size": args.batch_size, "cores": os.cpu_count(),
@@ -185,14 +192,7 @@ def run(args) -> int:
         result["all_pass"] = all(r["pass"] for r in rows)
         _write_json(out / "compare.json", result)
 
-    spec = {"model": args.model, "devices": args.devices, "platform": args.platform,
-            "steps": args.steps, "batch_size": args.batch_size, "repeats": args.repeats,
-            "strategies": [{"name": k, "plan": p.as_dict()} for k, p in plans.items()],
-            "cluster": None if cluster is None else asdict(cluster),
-            "save_params": None if args.save_params is None else str(args.save_params),
-            "profile": None if args.profile is None else os.path.abspath(args.profile),
-            # compile on every core, then time each strategy alone (compare/pool.py)
-            "workers": worker_count(len(plans), on_cpu, cluster is not None)}
+    spec = _spec(args, plans, cluster, on_cpu)
     if cluster is not None:
         result["processes"] = cluster.num_processes
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -227,9 +227,28 @@ def run(args) -> int:
         print(json.dumps(result))
     else:
         report.print_table(result)
+        from jaxscale.compare.divergence import notes
+        for line in notes(result):
+            print(line, file=sys.stderr)
         print(f"report, JSON and charts in {out}/", file=sys.stderr)
     unchanged = result.get("baseline", {}).get("unchanged", True)
     return 0 if result["all_pass"] and unchanged else 1
+
+
+def _spec(args, plans: dict, cluster, on_cpu: bool) -> dict:
+    """What the workers run (compare.run): the job, the strategies, the options."""
+    from dataclasses import asdict
+
+    from jaxscale.compare.run import worker_count
+    return {"model": args.model, "devices": args.devices, "platform": args.platform,
+            "steps": args.steps, "batch_size": args.batch_size, "repeats": args.repeats,
+            "strategies": [{"name": k, "plan": p.as_dict()} for k, p in plans.items()],
+            "cluster": None if cluster is None else asdict(cluster),
+            "save_params": None if args.save_params is None else str(args.save_params),
+            "profile": None if args.profile is None else os.path.abspath(args.profile),
+            "trace_divergence": args.trace_divergence, "tolerance": args.tolerance,
+            # compile on every core, then time each strategy alone (compare/pool.py)
+            "workers": worker_count(len(plans), on_cpu, cluster is not None)}
 
 
 def _run_abstract(args, cfg, plans, out: Path, target=None) -> int:
