@@ -33,6 +33,7 @@ import optax  # noqa: E402
 
 from experiments._runner import run_experiment  # noqa: E402
 from jaxscale import costmodel as cm, garden  # noqa: E402
+from jaxscale.costmodel.schedule import least_micro_batches  # noqa: E402
 from jaxscale.measure import compare_trees, memory  # noqa: E402
 from jaxscale.model import config as model_config  # noqa: E402
 from jaxscale.parallel import schedules as sched  # noqa: E402
@@ -71,16 +72,12 @@ class Lab:
                 "memory": memory.memory(compiled)}
 
 
-def _least_m(schedule: str, p: int, v: int) -> int:
-    return {"interleaved": p, "zb-h1": p, "zb-h2": 2 * p, "zbv": 2 * p - 1}.get(schedule, 1)
-
-
 def part_a(lab: Lab, out: Path) -> dict:
     res, rows = {}, []
     for p in (4, 8):
         for name, v in SCHEDULES:
-            ms = [m for m in range(_least_m(name, p, v), 4 * p + 1)
-                  if name != "interleaved" or m % p == 0]
+            least = p if name == "interleaved" else least_micro_batches(name, p)
+            ms = [m for m in range(least, 4 * p + 1) if name != "interleaved" or m % p == 0]
             curve = []
             for m in ms:
                 tl = sched.run(name, p, m, v)

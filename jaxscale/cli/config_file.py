@@ -6,10 +6,12 @@ boolean for a flag, a list of strings for a repeatable option (`strategy = ["dp=
 "pp=2,micro_batches=4"]`). Each value goes through the option's own check, so a file is
 refused exactly where the command line would be, with the key and its line named. The
 command line wins over the file: its options are read on top of the file's (a repeatable
-option given on the command line replaces the file's list).
+option given on the command line replaces the file's list). A flag the file sets true
+stays on: the command line has no way to say "off" for it.
 
-Each run writes the options it ran with as `config.toml` beside its results; `--config`
-of that file repeats the run.
+Each run writes the options it ran with as `config.toml` beside its results, paths made
+absolute and one-off options (resuming, halting, a cluster's process) left out: `--config`
+of that file repeats the run, from any folder.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from jaxscale.runtime.outputs import write_text_atomically
 
 NAME = "config.toml"
 SKIP = ("help", "config")  # not settings of the run
+ONE_OFF = ("baseline", "save-baseline", "save-params", "profile", "resume", "halt-after",
+           "process-id", "num-processes", "coordinator")  # not written to config.toml
 
 
 class ConfigError(ValueError):
@@ -47,15 +51,30 @@ def _actions(parser) -> dict[str, argparse.Action]:
 
 
 def reparse(parser, argv: list[str], path: str) -> argparse.Namespace:
-    """The command's options: the file's as defaults, the command line's on top."""
-    actions, values = _actions(parser), load(path, parser)
-    parser.set_defaults(**values)
+    """The command's options: the command line's where it gives them, else the file's, else
+    the defaults. Which options the command line gives is read by parsing it with every
+    default replaced by a marker, so that prefixes (--inj for --inject) count too."""
+    values, given = load(path, parser), _given(parser, argv)
+    parser.set_defaults(**{dest: v for dest, v in values.items() if dest not in given})
     args = parser.parse_args(argv)
-    for key, a in actions.items():  # a repeatable option given on the line replaces the file's
-        given = [t for t in argv if t == f"--{key}" or t.startswith(f"--{key}=")]
-        if isinstance(a, argparse._AppendAction) and given and a.dest in values:
-            setattr(args, a.dest, getattr(args, a.dest)[len(values[a.dest]):])
+    for a in parser._actions:  # a repeatable option on the line replaces the file's list
+        if isinstance(a, argparse._AppendAction) and a.dest in given:
+            setattr(args, a.dest, given[a.dest])
     return args
+
+
+def _given(parser, argv: list[str]) -> dict:
+    """{dest: value} of the options the command line itself sets."""
+    marker, saved = object(), {a.dest: a.default for a in parser._actions}
+    for a in parser._actions:
+        a.default = None if isinstance(a, argparse._AppendAction) else marker
+    try:
+        parsed = vars(parser.parse_args(argv))
+    finally:
+        for a in parser._actions:
+            a.default = saved[a.dest]
+    return {d: v for d, v in parsed.items() if v is not marker and v is not None
+            and d in saved}
 
 
 def load(path: str, parser) -> dict:
@@ -78,11 +97,14 @@ def load(path: str, parser) -> dict:
         try:
             values[a.dest] = _convert(a, value)
         except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
-            raise ConfigError(f"{where}: {key} = {json.dumps(value)}: {e}") from None
+            raise ConfigError(f"{where}: {key} = {json.dumps(value, default=str)}: {e}") \
+                from None
     return values
 
 
 def _convert(a: argparse.Action, value):
+    if not isinstance(value, (str, int, float, bool, list)):  # a TOML date, time or table
+        raise TypeError("takes a number, a string, true or false, or a list of them")
     if a.nargs == 0:  # a flag: true or false
         if not isinstance(value, bool):
             raise TypeError("a flag takes true or false")
@@ -96,7 +118,7 @@ def _convert(a: argparse.Action, value):
 
 
 def _one(a: argparse.Action, value):
-    if isinstance(value, (list, dict, bool)):
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise TypeError("each item takes a number or a string")
     value = a.type(str(value)) if a.type else str(value)
     if a.choices is not None and value not in a.choices:
@@ -117,8 +139,7 @@ def write(parser, args, folder) -> Path:
              f"(jaxscale {parser.prog.split()[-1]} --config {NAME} repeats it)"]
     for key, a in sorted(_actions(parser).items()):
         value = getattr(args, a.dest, None)
-        if value is None or a.dest in ("run", "argv") or key in ("baseline", "save-baseline",
-                                                                 "save-params", "profile"):
+        if value is None or value is False or key in ONE_OFF or a.dest in ("run", "argv"):
             continue
         lines.append(f"{key} = {_toml(value)}")
     path = Path(folder) / NAME
@@ -128,10 +149,14 @@ def write(parser, args, folder) -> Path:
 
 
 def _toml(value) -> str:
+    if isinstance(value, Path):
+        return _toml(str(value.resolve()))
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(str(value))  # a TOML basic string is a JSON string
+    # a JSON string is a TOML basic string, given the characters themselves (TOML has no
+    # surrogate pairs) and its escapes for the control characters
+    return json.dumps(str(value), ensure_ascii=False)

@@ -2,8 +2,9 @@
 
 `compare --save-baseline FILE` writes the finished run (its compare.json); `compare
 --baseline FILE` first checks that FILE is a run of the same job (model, devices, steps,
-batch, platform: else the field that differs, before anything compiles), then, after the
-run, compares every strategy both have:
+batch, and the platform its single device ran on: else the field that differs, before
+anything compiles), then, after the run, compares every strategy both have (one that ran
+then and fails now is listed as moved):
 
   losses   the largest relative difference, step by step, from the baseline's losses must
            stay within this run's bound (compare's measured tolerance): the same numerics
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SAME_JOB = ("model", "devices", "steps", "batch_size", "platform")
+SAME_JOB = ("model", "devices", "steps", "batch_size")  # and the platform it ran on
 
 
 class BaselineError(ValueError):
@@ -27,7 +28,8 @@ class BaselineError(ValueError):
 
 
 def load(path, job: dict) -> dict:
-    """The baseline at `path`, checked to be a complete run of the same job as `job`."""
+    """The baseline at `path`, checked to be a complete run of the same job as `job`
+    (its platform: "cpu", "gpu" or "tpu" where known before the run, else None)."""
     try:
         base = json.loads(Path(path).read_text())
     except OSError as e:
@@ -41,6 +43,10 @@ def load(path, job: dict) -> dict:
     if base.get("abstract"):
         raise BaselineError(f"the baseline {str(path)!r} is a compile-only run (--abstract): "
                             "it has no losses to compare")
+    ran_on = next((r.get("platform") for r in base["rows"] if r.get("name") == "single"), None)
+    if job["platform"] is not None and ran_on is not None and ran_on != job["platform"]:
+        raise BaselineError(f"the baseline {str(path)!r} ran on {ran_on}, this run runs on "
+                            f"{job['platform']}: compare like with like")
     for field in SAME_JOB:
         if base.get(field) != job.get(field):
             raise BaselineError(f"the baseline {str(path)!r} is a run with {field} = "
@@ -53,12 +59,14 @@ def moved(base: dict, result: dict) -> dict:
     """What moved between the baseline's rows and this run's (module docstring)."""
     tolerance = (result.get("noise") or {}).get("tolerance")
     then = {r["name"]: r for r in base["rows"] if r.get("status") == "ok"}
+    now = {r["name"]: r for r in result["rows"]}
     shared = [r for r in result["rows"] if r.get("status") == "ok" and r["name"] in then]
-    changes = []
+    changes = [_change(now[n], "status", "ok", now[n].get("status")) for n in then
+               if n in now and now[n].get("status") != "ok"]  # ran then, fails now
     for row in shared:
         old = then[row["name"]]
         drift = _max_rel_diff(row["losses"], old["losses"])
-        if tolerance is None or drift > tolerance:
+        if tolerance is None or not drift <= tolerance:  # a NaN is a change
             changes.append(_change(row, "losses (largest relative difference)", 0.0, drift))
         for op in sorted(set(row["sent"]) | set(old["sent"])):
             if row["sent"].get(op, 0) != old["sent"].get(op, 0):

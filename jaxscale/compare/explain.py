@@ -44,7 +44,6 @@ def tensors(cfg, plan: Plan, params, devices, optimizer=None) -> list[dict]:
                                list(devices)[:plan.n_devices])
     state = init(params)
     axes = modellib.logical_axes(modellib.abstract(cfg))
-    rows = []
     rows = [_row(path, x, axes) for path, x in jax.tree_util.tree_leaves_with_path(state)]
     for r in rows:
         r["flag"] = _unsharded(r, plan)
@@ -70,6 +69,9 @@ def _row(path, x, axes) -> dict:
     param_path = [k.key for k in path[1:] if isinstance(k, jax.tree_util.DictKey)]
     fields = [k.name for k in path[1:] if isinstance(k, jax.tree_util.GetAttrKey)]
     slot = fields[-1] if fields else None
+    # a counter is named by its whole path: a chained optimizer has one count per link
+    where = [str(getattr(k, "name", getattr(k, "idx", getattr(k, "key", k))))
+             for k in path[1:]]
     if x.ndim == 0:
         kind = "counter"
     else:
@@ -81,7 +83,7 @@ def _row(path, x, axes) -> dict:
     distinct = {tuple((s.start, s.stop) for s in index) for index in holders.values()}
     if logical is not None and len(logical) != x.ndim:  # ZeRO-1/2 keep slots as slices
         logical = "flat" if x.ndim == 1 else "reshaped"
-    return {"name": "/".join(param_path) or "/".join([top, *fields]), "kind": kind,
+    return {"name": "/".join(param_path) or "/".join([top, *where]), "kind": kind,
             "slot": slot if kind == "optimizer slot" else None,
             "logical_axes": logical if logical is None or isinstance(logical, str)
             else list(logical),

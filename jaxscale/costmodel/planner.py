@@ -3,10 +3,11 @@
 The rules (RULES says the same in words):
 
  1. Candidates: every devices = dp x tp x pp x cp, with v chunks per pipeline device
-    (interleaved 1F1B) or one (1F1B, and the zero-bubble schedules when asked), ZeRO 0-3, recompute none / selective / full and micro-batch sizes
-    1, 2, 4, 8 (those dividing a replica's batch). Sequence parallelism is on whenever
-    tp > 1: in this model it costs no time (the same bytes as tp's all-reduces) and saves
-    memory.
+    (interleaved 1F1B) or one (1F1B), and the zero-bubble schedules when asked (zb-h1,
+    zb-h2 with one chunk, zbv with two), ZeRO 0-3, recompute none / selective / full and
+    micro-batch sizes 1, 2, 4, 8 (those dividing a replica's batch). Sequence parallelism
+    is on whenever tp > 1: in this model it costs no time (the same bytes as tp's
+    all-reduces) and saves memory.
  2. Structure: tp divides the node size (it is on the critical path of every layer) and the
     heads; pp x v divides the layers; cp divides the sequence; dp x micro-batch divides the
     batch; interleaving needs m divisible by pp (Megatron's rule); zb-h1 needs m >= p,
@@ -96,7 +97,7 @@ class Job:
     recompute: tuple[str, ...] = RECOMPUTE
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     sequence_parallel: bool = True
-    schedules: tuple[str, ...] = ("1f1b",)  # with one chunk per device; + zb-h1, zb-h2
+    schedules: tuple[str, ...] = ("1f1b",)  # + zb-h1, zb-h2 (one chunk), zbv (two)
 
 
 def check(job: Job) -> None:

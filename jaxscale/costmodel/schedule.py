@@ -14,7 +14,7 @@ of 1F1B's (p-1)(F+B+W); zbv's chunks are half a stage, so it idles half that. Qi
 give ZB-H2 zero bubble: that needs the next step's
 forwards to start before this step's optimizer update, which a step with gradient clipping
 (the global norm first) cannot do, so inside one step (p-1)F is the floor for every
-schedule and zb-h2 sits on it; jaxscale.parallel.zero_bubble measures both in the
+schedule with one whole stage per device, and zb-h2 sits on it; jaxscale.parallel.zero_bubble measures both in the
 simulator. Bubble over ideal time is Narayanan et al.'s definition (the time model adds
 it x compute); over the whole time it is b / (1 + b).
 """

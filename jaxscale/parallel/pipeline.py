@@ -9,6 +9,7 @@ and backward (B) of each (micro-batch, chunk). Here that order is executed for r
    gradient waits until it is used.
 2. `pipeline_value_and_grad` (inside shard_map) scans over the ticks. At every tick each
    device runs its own action under `lax.switch` (nothing, F or B), then two `ppermute`s
+   (four when the chunks sit in a V, zbv)
    move the activation it produced to the next stage and the input gradient it produced to
    the previous one (a ring: with interleaving the last device feeds device 0's next chunk).
    F stores nothing but the stage's INPUT (in the slot); B recomputes the stage's forward
@@ -36,7 +37,7 @@ from jaxscale.parallel.axes import DP, PP
 from jaxscale.parallel.layouts import GradReduction
 from jaxscale.parallel.split_backward import StageParts, input_gradient, weight_gradient
 from jaxscale.parallel.tick_table import TickTable
-from jaxscale.parallel.vma import vary, varying_axes, zeros_like
+from jaxscale.parallel.vma import cotangent, vary, zeros_like
 
 class Tick(NamedTuple):
     """One device's row of the tick table: what it does at this tick and where its data
@@ -154,8 +155,7 @@ def _joint_branches(stage_fn, mine, p, v, stage, reduction, ct):
 
         def backward():
             (_, loss_j), vjp = jax.vjp(lambda prm, h: stage_fn(prm, h, mb, now.chunk), mine, x)
-            d_params, dx = vjp((dy, vary(ct.astype(loss_j.dtype),
-                                         tuple(sorted(varying_axes(loss_j))))))
+            d_params, dx = vjp((dy, cotangent(ct, loss_j)))
             return zeros_like(x), dx, reduction.per_micro(d_params), zeros_like(loss), held
 
         return [idle, forward, backward]

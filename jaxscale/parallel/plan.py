@@ -148,6 +148,8 @@ class Plan:
             else:
                 raise PlanError(f"{key} must be a non-negative integer, got {value!r} in "
                                 f"{layout!r}")
+        if fields.get("schedule") in sched.VEE:  # two chunks in a V unless written out
+            fields.setdefault("virtual", 2)
         return cls(**fields).validate()
 
     def layout(self) -> str:

@@ -32,6 +32,7 @@ from fractions import Fraction
 from functools import cached_property
 from itertools import accumulate
 
+from jaxscale.costmodel.schedule import least_micro_batches
 from jaxscale.parallel import zero_bubble
 from jaxscale.parallel.actions import Action, ScheduleError, check_counts, dependencies
 
@@ -39,7 +40,6 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", *zero_bubble.ZERO_BUBBLE)
 SPLIT = zero_bubble.ZERO_BUBBLE  # the schedules whose backward is two actions, B and W
 VEE = zero_bubble.VEE  # the schedules whose chunks are placed in a V
 MAX_CHART_COLUMNS = 5000
-__all__ = ["Action", "ScheduleError", "dependencies"]  # the vocabulary, with the schedules
 
 
 def _exact(value) -> Fraction:
@@ -58,7 +58,7 @@ def check_sizes(schedule: str, p: int, m: int, v: int = 1) -> None:
         raise ScheduleError(f"{schedule} runs {'two chunks' if chunks == 2 else 'one chunk'} "
                             f"per device, got v={v}; use "
                             + ("v=2" if chunks == 2 else "the interleaved schedule for v > 1"))
-    least = {"zb-h1": p, "zb-h2": 2 * p, "zbv": 2 * p - 1}.get(schedule, 1)  # its warm-up
+    least = least_micro_batches(schedule, p)  # a zero-bubble warm-up's forwards
     if m < least:
         raise ScheduleError(f"{schedule} needs at least {least} micro-batches with p={p} "
                             f"stages (its warm-up fills the pipeline), got m={m}; try m={least}")
@@ -233,31 +233,36 @@ def run(schedule: str, p: int, m: int, v: int = 1, f_cost=1.0, b_cost=2.0,
 
 
 def smallest_micro_batches(schedule: str, p: int, max_idle=0.10, v: int = 1,
-                           f_cost=1.0, b_cost=2.0, limit: int = 4096) -> int:
+                           f_cost=1.0, b_cost=2.0, limit: int = 4096, w_cost=None) -> int:
     """The fewest micro-batches whose simulated idle fraction is <= max_idle (exercise 3).
 
     Asks the simulator, never the formula. Idle falls as m grows (fill and drain stay, work
     grows), so m doubles until the bound holds, then bisection finds the m (a multiple of p
-    if interleaved) that meets it while the one below, also simulated, does not.
+    if interleaved; from its warm-up's least for a zero-bubble schedule) that meets it
+    while the one below, also simulated, does not.
     """
     step = p if schedule == "interleaved" else 1
-    check_sizes(schedule, p, step, v)
+    first = least_micro_batches(schedule, p) if schedule in SPLIT else step
+    check_sizes(schedule, p, first, v)
     bound = _exact(max_idle)
 
-    def meets(k: int) -> bool:  # k micro-batch groups of `step`
-        return run(schedule, p, k * step, v, f_cost, b_cost).idle_fraction <= bound
+    def m_of(k: int) -> int:  # k = 1 is the least m
+        return first + (k - 1) * step
+
+    def meets(k: int) -> bool:
+        return run(schedule, p, m_of(k), v, f_cost, b_cost, w_cost).idle_fraction <= bound
 
     hi = 1
     while not meets(hi):
-        if hi * step >= limit:
+        if m_of(hi) >= limit:
             raise ScheduleError(f"no m <= {limit} brings {schedule} with p={p} to idle "
                                 f"<= {max_idle}")
         hi *= 2
-    lo = hi // 2  # fails (or is 0)
+    lo = hi // 2  # fails (or is below the least)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if meets(mid) else (mid, hi)
-    return hi * step
+    return m_of(hi)
 
 
 def time_unit(timeline: Timeline) -> Fraction:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxscale.parallel.vma import vary, varying_axes
+from jaxscale.parallel.vma import cotangent, vary, varying_axes
 
 
 class StageParts(NamedTuple):
@@ -67,21 +67,24 @@ def input_gradient(parts: StageParts, prm, x, mb, first, last, chunk, dy, ct):
     probes = vary(jnp.zeros((n + 1, *x.shape), x.dtype), tuple(sorted(varying_axes(x))))
     (h_last, loss), pullback, hs = jax.vjp(probed, probes, has_aux=True)
     dy = jnp.where(last, jnp.zeros_like(dy), dy)
-    (gs,) = pullback((dy, vary(ct.astype(loss.dtype), tuple(sorted(varying_axes(loss))))))
+    (gs,) = pullback((dy, cotangent(ct, loss)))
     return jnp.where(first, jnp.zeros_like(gs[0]), gs[0]), hs, gs
 
 
 def weight_gradient(parts: StageParts, prm, hs, gs, mb, first, last, chunk, ct):
     """W: the gradients of all of `prm` (zero outside this chunk and stage's own pieces)
     from B's boundary activations `hs` and their gradients `gs`."""
+    block = parts.block if parts.remat_policy is None else jax.checkpoint(
+        parts.block, policy=parts.remat_policy)  # what each layer keeps, as in the forward
+
     def outputs(p):
         blocks = parts.chunk_blocks(p["blocks"], chunk)
-        per_layer = jax.vmap(parts.block)(blocks, hs[:-1])  # every layer at once
+        per_layer = jax.vmap(block)(blocks, hs[:-1])  # every layer at once
         h0 = jnp.where(first, parts.embed(p, mb["tokens"]).astype(hs.dtype),
                        jnp.zeros_like(hs[0]))
         return per_layer, h0, jnp.where(last, parts.head_loss(p, hs[-1], mb), 0.0)
 
     (per_layer, h0, loss), pullback = jax.vjp(outputs, prm)
     (d_prm,) = pullback((gs[1:], jnp.where(first, gs[0], jnp.zeros_like(gs[0])),
-                         vary(ct.astype(loss.dtype), tuple(sorted(varying_axes(loss))))))
+                         cotangent(ct, loss)))
     return d_prm

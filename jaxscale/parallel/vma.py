@@ -26,6 +26,11 @@ def vary(x, axes):
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
+def cotangent(x, ref):
+    """x in ref's dtype, varying over ref's axes: the cotangent a vjp takes for ref."""
+    return vary(x.astype(ref.dtype), tuple(sorted(varying_axes(ref))))
+
+
 def zeros_like(x):
     """Zeros with x's shape, dtype and device-variance (lax.switch branches must agree)."""
     z = jnp.zeros(x.shape, x.dtype)

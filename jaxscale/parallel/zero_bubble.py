@@ -11,7 +11,7 @@ input-gradient and weight-gradient times of one stage, device s (0-based) runs:
          on any device (from F to W), 1F1B's peak, and the idle time per device falls from
          1F1B's (p-1)(F+B+W) to (p-1) max(F, F+B-W): a third of it when F = B = W.
   zb-h2  2(p-s)-1 forwards (enough to cover the time until the first B comes back), then 2s
-         pairs (F, B) with their Ws put off to the end, then as zb-h1. Up to 2p micro-batches
+         pairs (F, B) whose Ws wait for the drain, then as zb-h1. Up to 2p micro-batches
          in flight per device; idle (p-1) max(F, F+B-2W) once m >= 2p (fewer are refused).
   zbv    two chunks per device in a V (device s holds virtual stages s and 2p-1-s: the
          activations run down the devices and back up, so the loss is on device 0 and the
@@ -31,8 +31,9 @@ on device 0 while the last devices still finish this one (their optimizer step v
 after the fact). Inside one step, which ends with one optimizer update after every gradient
 (what jaxscale runs: gradient clipping reads the global norm first), the last device cannot
 start before the first micro-batch's forward reaches it, (p-1)F, and then has m(F+B+W) of
-work: no device can idle less than (p-1)F. zb-h2 reaches that floor whenever 2W >= B,
-zb-h1 whenever W >= B.
+work: with one whole stage per device, no device can idle less than (p-1)F. zb-h2 reaches
+that floor whenever 2W >= B, zb-h1 whenever W >= B; zbv, whose chunks are half a stage,
+goes below it.
 """
 from __future__ import annotations
 
@@ -105,5 +106,6 @@ def idle_per_device(schedule: str, p: int, f, b, w) -> Fraction | None:
 
 
 def synchronous_floor(p: int, f) -> Fraction:
-    """The least idle time per device of any schedule of one step: (p-1) F."""
+    """The least idle time per device of any schedule of one step with one whole stage per
+    device: (p-1) F (module docstring)."""
     return (p - 1) * f

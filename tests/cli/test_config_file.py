@@ -66,3 +66,21 @@ def test_a_runs_config_toml_repeats_it(cli, tmp_path):
                  str(tmp_path / "b"), "--json")
     assert [r["name"] for r in second["rows"]] == [r["name"] for r in first["rows"]]
     assert second["steps"] == 2 and second["rows"][2]["losses"] == first["rows"][2]["losses"]
+
+
+def test_prefixes_dates_and_any_text(capsys, tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('inject = ["nan@3"]\nout = "runs/\U0001f600 ünï"\n')
+    _, train = _sub("train")
+    args = config_file.reparse(train, ["--inj", "nan@5"], str(f))  # a prefix replaces too
+    assert args.inject == ["nan@5"] and str(args.out).endswith("\U0001f600 ünï")
+    written = config_file.write(train, args, tmp_path / "w").read_text()
+    import tomllib
+    back = tomllib.loads(written)  # the emoji and the accents are read back as written
+    assert back["out"].endswith("\U0001f600 ünï") and back["inject"] == ["nan@5"]
+    assert "resume" not in back and "halt-after" not in back
+    f.write_text("steps = 1979-05-27\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(f)])
+    err = capsys.readouterr().err
+    assert "line 1" in err and "takes a number, a string" in err and "Traceback" not in err

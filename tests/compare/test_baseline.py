@@ -47,6 +47,11 @@ def test_a_baseline_of_another_job_or_unreadable_is_refused_before_running(capsy
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"model": "tiny8", "devices": 8, "steps": 3, "batch_size": 32,
                                  "platform": "auto", "rows": []}))
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"model": "tiny", "devices": 8, "steps": 3, "batch_size": 32,
+                               "rows": [{"name": "single", "platform": "gpu"}]}))
+    assert "ran on gpu, this run runs on cpu" in _refused(
+        [*RUN, "--platform", "cpu", "--baseline", str(gpu)], capsys)
     err = _refused([*RUN, "--baseline", str(other)], capsys)
     assert "model = 'tiny8', this run has 'tiny'" in err
     assert "cannot read the baseline" in _refused([*RUN, "--baseline", str(tmp_path / "no")],

@@ -45,7 +45,8 @@ def test_a_zero_bubble_layout_costs_a_third_of_the_bubble_and_its_in_flight_memo
 
 def test_the_planner_searches_them_only_when_asked():
     a100 = device("a100")
-    base = dict(shape=SMALL, batch=64, devices=8, device=a100, fixed=(("pp", 4), ("tp", 1), ("cp", 1), ("virtual", 1)))
+    base = dict(shape=SMALL, batch=64, devices=8, device=a100,
+                fixed=(("pp", 4), ("tp", 1), ("cp", 1), ("virtual", 1)))
     default = P.plan(P.Job(**base))
     asked = P.plan(P.Job(**base, schedules=("1f1b", "zb-h1", "zb-h2")))
     assert default["recommended"]["layout"]["zero_bubble"] == ""

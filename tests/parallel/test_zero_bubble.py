@@ -101,6 +101,14 @@ def test_bad_sizes_name_the_value_and_what_would_work(args, words):
     assert all(w in str(e.value) for w in words)
 
 
+def test_a_written_out_zbv_layout_takes_two_chunks_unless_told():
+    assert Plan.parse("pp=4,schedule=zbv,micro_batches=8").virtual == 2
+    plan = Plan.parse("pp=4,schedule=zbv,micro_batches=8")
+    assert Plan.parse(plan.layout()) == plan  # the written form reads back
+    with pytest.raises(PlanError, match="got v=1; use v=2"):
+        Plan.parse("pp=4,schedule=zbv,virtual=1,micro_batches=8")
+
+
 def test_bad_costs_and_zero3_are_refused():
     with pytest.raises(ScheduleError, match="weight part 2 .*less than the backward"):
         run("zb-h1", 2, 2, 1, 1, 2, 2)

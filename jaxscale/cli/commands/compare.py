@@ -169,7 +169,7 @@ def run(args) -> int:
         check_target_sizes(plans, target, args.strategy, cfg)
     out = Path(args.out)
     cluster = distributed.from_args(args)
-    base = compare_baseline.load(args)  # a baseline of another job is refused before JAX
+    base = compare_baseline.load(args, on_cpu)  # another job's is refused before JAX
     if args.trace_divergence and (args.abstract or cluster is not None):
         raise CompareError("--trace-divergence retrains each strategy in one process next to "
                            "the single device; drop --abstract and the multi-process options")

@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
                                         "to check later runs against with --baseline")
 
 
-def load(args):
+def load(args, on_cpu: bool):
     """The baseline (or None), checked against this job before anything compiles."""
     from jaxscale.compare import baseline
     if args.abstract and (args.baseline or args.save_baseline):
@@ -29,9 +29,10 @@ def load(args):
                                      "losses, bytes and memory; drop --abstract")
     if args.baseline is None:
         return None
+    platform = "cpu" if on_cpu else (None if args.platform == "auto" else args.platform)
     return baseline.load(args.baseline, {"model": args.model, "devices": args.devices,
                                          "steps": args.steps, "batch_size": args.batch_size,
-                                         "platform": args.platform})
+                                         "platform": platform})
 
 
 def check(base, result: dict) -> None:
@@ -40,6 +41,9 @@ def check(base, result: dict) -> None:
         return
     from jaxscale.compare import baseline
     result["baseline"] = report = baseline.moved(base, result)
+    if report["only_in_baseline"]:
+        print(f"baseline: not run this time: {', '.join(report['only_in_baseline'])}",
+              file=sys.stderr)
     if not report["moved"]:
         print(f"baseline: {len(report['compared'])} strategies unchanged (losses within "
               f"{report['tolerance']:.1e}, bytes and memory equal)", file=sys.stderr)

@@ -92,7 +92,8 @@ def _cmd_schedule(args) -> int:
     tl = sched.simulate(orders, p, m, v, *costs, vee=name in sched.VEE)
     formula_text = ("idle/(idle+m(F+B+W)), idle = (p-1) max(F, F+B-" + "2" * (name == "zb-h2")
                     + "W)" if name in ("zb-h1", "zb-h2") else
-                    "idle/(idle+m(F+B+W)), idle = (p-1) F of a chunk, for F = B = W" if name
+                    "idle/(idle+2m(F+B+W)), F, B, W a chunk's, idle = (p-1) F, for F = B = W"
+                    if name
                     in sched.VEE else "(p-1)/(v*m+p-1)" if v > 1 else "(p-1)/(m+p-1)")
     formula, simulated = sched.bubble_over_total(name, p, m, v, *costs), tl.idle_fraction
     chart = sched.text_chart(tl)

@@ -84,6 +84,7 @@ def _setup_devices(args):
 
 def _config(args):
     """The TrainConfig the options describe (not yet validated)."""
+    from jaxscale.parallel.schedules import VEE
     from jaxscale.training.config import TrainConfig
 
     several = args.num_processes is not None and args.num_processes > 1
@@ -97,7 +98,7 @@ def _config(args):
                       mesh=args.mesh or "dp=1", micro_batches=args.micro_batches or 1,
                       remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
                       sequence_parallel=args.sequence_parallel,
-                      virtual=args.virtual or (2 if args.schedule in ("interleaved", "zbv") else 1),
+                      virtual=args.virtual or (2 if args.schedule in ("interleaved", *VEE) else 1),
                       spike_policy=args.spike_policy, spike_z=args.spike_z,
                       spike_window=args.spike_window,
                       rollback_lr_factor=args.rollback_lr_factor)
@@ -119,6 +120,9 @@ def run(args) -> int:
     from jaxscale.training.loop import train
 
     cfg = _config(args)
+    if args.tensorboard is not None:  # the writer is installed, before JAX starts
+        from jaxscale.training.tensorboard import writer_class
+        writer_class()
     if args.halt_after is not None and args.halt_after >= cfg.steps:
         raise TrainConfigError(f"--halt-after {args.halt_after} must be below --steps "
                                f"{cfg.steps}; it stops the run early")
