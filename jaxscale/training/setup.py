@@ -22,7 +22,8 @@ from jaxscale.training.faults import FAULTS_FILE, FaultLog
 from jaxscale.training.reference import init_run, make_eval_step
 from jaxscale.training.run import Run, open_metrics, resumed_metrics
 
-RUN_FILES = ("result.json", "loss_curve.png")  # written at the end (metrics.jsonl: open_metrics)
+RUN_FILES = ("result.json", "loss_curve.png", "config.toml")  # written at the end
+# (metrics.jsonl: open_metrics; config.toml: the command, once the run has run)
 
 
 def check_config(cfg: TrainConfig, checkpoint) -> None:

@@ -70,7 +70,7 @@ def test_two_processes_train_like_one_and_stop_together(tmp_path):
             <= fp32_sum_bound(a["tokens_seen"] / a["steps_run"]))
     assert a["tokens_seen"] == b["tokens_seen"]
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == [
-        "loss_curve.png", "metrics.jsonl", "result.json"]
+        "config.toml", "loss_curve.png", "metrics.jsonl", "result.json"]  # process 0's
     quiet = (tmp_path / "logs" / "process-1.log").read_text()
     assert "loss" not in quiet and "{" not in quiet  # process 1 printed no progress, no JSON
     assert not _ours(str(tmp_path))

@@ -132,6 +132,7 @@ def test_an_interrupted_compare_leaves_no_earlier_report_beside_its_json(
         raise KeyboardInterrupt
     monkeypatch.setattr(compare_run, "run_all", interrupted)
     assert main(["compare", "--out", str(out), "--strategies", "single,dp"]) == 130
-    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "notes.txt"]
+    # this run's options (written as its work starts) beside its JSON, no earlier report
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "config.toml", "notes.txt"]
     assert json.loads((out / "compare.json").read_text())["complete"] is False
     capsys.readouterr()

@@ -47,3 +47,5 @@ def test_scalars_equal_the_metrics_by_step(cli, tmp_path):
     assert set(got["eval/val_loss"]) == {4, 8}
     assert got["guard/rejected"] == {5: 1.0}  # the NaN batch, skipped
     assert all(v > 0 for v in got["train/tokens_per_s"].values())
+    written = (tmp_path / "run" / "config.toml").read_text()  # the run's options, at its end
+    assert "steps = 8" in written and 'inject = ["nan@5"]' in written

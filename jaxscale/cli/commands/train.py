@@ -152,9 +152,7 @@ def run(args) -> int:
     train_notes.before_run(args, cfg, log)
 
     main = is_main()  # several processes: only process 0 prints
-    if main:
-        from jaxscale.cli import config_file
-        config_file.write(args.parser, args, args.out)  # the options this run ran with
+    from jaxscale.cli import config_file  # the options a run ran with, once it has run
     try:
         result = train(cfg, out_dir=args.out, progress=not args.json, log=log,
                        checkpoint=checkpoint, halt_after=args.halt_after, faults=faults,
@@ -165,6 +163,7 @@ def run(args) -> int:
     except TrainInterrupted as e:
         if not main:
             return EXIT_INTERRUPTED
+        config_file.write(args.parser, args, args.out)
         print(f"jaxscale: interrupted after {plural(e.result.steps_run, 'step')} of "
               f"{cfg.steps:,}; metrics so far and a partial result.json "
               f"(\"interrupted\": true) in {args.out}/", file=sys.stderr)
@@ -173,6 +172,7 @@ def run(args) -> int:
         return EXIT_INTERRUPTED
     if not main:
         return EXIT_FAILED if result.nonfinite_step is not None else 0
+    config_file.write(args.parser, args, args.out)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
