@@ -28,14 +28,18 @@
 #                    under --profile: the top ops land in the JSON
 #   train-mid        jaxscale train --model mid bf16, batch 8, at most 200 steps, lr 1e-3,
 #                    stopping 0.1 nats above the entropy floor: the loss falls toward it
-#   bench-mid-unroll-b16   the same as bench-mid-scan-b16 with --unroll
 #   compare-small    jaxscale compare --platform gpu --devices 1 --model small (10 steps,
 #                    5 timed): single and control
+#   target-check     benchmarks/gpu_target_check.py: the same training steps compiled for
+#                    the compile-only target (h100-1 / h200-1) and for this GPU, XLA's
+#                    memory figures side by side (DIR/gpu_target_check.json; gpu only)
+#   bench-mid-unroll-b16   the same as bench-mid-scan-b16 with --unroll
 #   bench-mid-scan-b8, -b32, bench-1b-scan-b4, bench-1b-unroll-b8, bench-mid-unroll-b8,
 #   -b32, bench-1b-unroll-b4
 #
 # Timeouts (seconds, on the GPU): install 90, machine 20, devices 60, imports 20, tests
-# 150, each scanned bench 150, profile 90, train 150, compare 120, each unrolled bench 240.
+# 150, each scanned bench 150, profile 90, train 150, compare 120, target-check 150,
+# each unrolled bench 240.
 #
 # 1b's batches: `jaxscale memory --model 1b --batch B` gives model states 15.6 GB and
 # activations 35 GB (b4) / 71 GB (b8) / 142 GB (b16) written out, 11 / 23 / 45 GB with
@@ -158,7 +162,7 @@ if [[ $PLATFORM == gpu ]]; then
            --eval-every 25 --stop-gap 0.1 --train-docs 40000)
     COMPARE=(--model small --steps 10 --repeats 5)
     T_INSTALL=90 T_MACHINE=20 T_DEVICES=60 T_IMPORTS=20 T_TESTS=150 T_SCAN=150
-    T_PROFILE=90 T_TRAIN=150 T_COMPARE=120 T_UNROLL=240
+    T_PROFILE=90 T_TRAIN=150 T_COMPARE=120 T_TARGET=150 T_UNROLL=240
 else
     # the dry run checks the script, not speed: cheap models, and each kind of step once
     # (the other batches would run the very same commands again with another --batch)
@@ -227,7 +231,8 @@ step gpu-tests tests "$T_TESTS" env JAXSCALE_GPU_TESTS=1 "$PY" -m pytest -m gpu 
     "${TEST_PATHS[@]}"
 
 # ---- breadth first: each model's headline batch scanned, a profile, training, the
-# headline unrolled, compare; then the other batches (scanned, then unrolled)
+# compare, the target check, the headline unrolled; then the other batches (scanned,
+# then unrolled)
 bench "bench-$MID-scan-b$MID_HEAD" "$T_SCAN" "$MID" "$MID_HEAD"
 if [[ $(tail -n 1 "$WORK/steps.tsv" | cut -f3) == failed ]]; then  # the attention kernel?
     bench "bench-$MID-scan-b$MID_HEAD-xla" "$T_SCAN" "$MID" "$MID_HEAD" --attention xla
@@ -238,9 +243,13 @@ step "profile-$MID-b$MID_HEAD" profile "$T_PROFILE" "${JAXSCALE[@]}" bench \
     "${PRECISION[@]}" "${PROFILE_STEPS[@]}" --profile "$WORK/profile" --json
 step "train-${TRAIN[1]}" train "$T_TRAIN" "${JAXSCALE[@]}" train --platform "$PLATFORM" \
     "${TRAIN[@]}" --out "$WORK/train" --json
-bench "bench-$MID-unroll-b$MID_HEAD" "$T_UNROLL" "$MID" "$MID_HEAD" --unroll
 step "compare-$SMALL" compare "$T_COMPARE" "${JAXSCALE[@]}" compare --platform "$PLATFORM" \
     --devices 1 "${COMPARE[@]}" --out "$WORK/compare" --json
+if [[ $PLATFORM == gpu ]]; then  # the compile-only GPU target against this GPU itself
+    step target-check target "$T_TARGET" "$PY" benchmarks/gpu_target_check.py \
+        --model "$SMALL" --out "$OUT/gpu_target_check.json"
+fi
+bench "bench-$MID-unroll-b$MID_HEAD" "$T_UNROLL" "$MID" "$MID_HEAD" --unroll
 for b in "${MID_REST[@]}"; do bench "bench-$MID-scan-b$b" "$T_SCAN" "$MID" "$b"; done
 for b in "${BIG_REST[@]}"; do bench "bench-$BIG-scan-b$b" "$T_SCAN" "$BIG" "$b"; done
 bench "bench-$BIG-unroll-b$BIG_HEAD" "$T_UNROLL" "$BIG" "$BIG_HEAD" --unroll

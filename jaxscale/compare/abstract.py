@@ -51,6 +51,10 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
         init, step = build_train_step(cfg, plan, optim.adamw(3e-3), devices[:plan.n_devices])
         state = jax.eval_shape(init, params)
         sharding = step.batch_sharding
+        if sharding is None:  # one device's plain jit compiles where its arguments live
+            sharding = jax.sharding.SingleDeviceSharding(devices[0])
+            state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                                                sharding=sharding), state)
         spec = lambda dt: jax.ShapeDtypeStruct((batch_size, cfg.seq_len), dt,  # noqa: E731
                                                sharding=sharding)
         batch = {"tokens": spec(jnp.int32), "targets": spec(jnp.int32),

@@ -31,6 +31,7 @@ import importlib.util
 import math
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 
@@ -116,8 +117,7 @@ def check_available(target: Target) -> None:
     """Raise TargetError naming the install command when the compiler is not installed:
     libtpu for a TPU, the CUDA plugin and ptxas (the nvcc wheel) for a GPU."""
     if target.platform == "cuda":
-        if importlib.util.find_spec("jax_cuda12_plugin") is None or \
-                importlib.util.find_spec("nvidia.cuda_nvcc") is None:
+        if not gpu_compiler_found():
             raise TargetError(f"--target {target.name} compiles with XLA:GPU, which needs the "
                               "CUDA plugin and ptxas: pip install -e \".[gpu]\" (about "
                               "1.2 GB; no GPU needed), then run again")
@@ -126,6 +126,17 @@ def check_available(target: Target) -> None:
         raise TargetError(f"--target {target.name} compiles with XLA:TPU, which comes with "
                           "libtpu: pip install -e \".[tpu]\" (jax[tpu] at this jax's "
                           "version), then run again")
+
+
+def gpu_compiler_found() -> bool:
+    """Whether XLA:GPU can compile here: jax's CUDA plugin (CUDA 12 or 13) and ptxas, from
+    the nvcc wheel or a CUDA toolkit on PATH."""
+    plugin = any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13))
+    try:
+        wheel = importlib.util.find_spec("nvidia.cuda_nvcc") is not None
+    except ModuleNotFoundError:  # no nvidia namespace package at all
+        wheel = False
+    return plugin and (wheel or shutil.which("ptxas") is not None)
 
 
 @contextlib.contextmanager

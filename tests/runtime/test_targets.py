@@ -11,8 +11,7 @@ from jaxscale.runtime import targets as T
 from conftest import run_python
 
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
-HAVE_CUDA_PLUGIN = (importlib.util.find_spec("jax_cuda12_plugin") is not None
-                    and importlib.util.find_spec("nvidia.cuda_nvcc") is not None)
+HAVE_CUDA_PLUGIN = T.gpu_compiler_found()
 # not installed by the test command: the plugin logs a line to stderr at every `import jax`
 # on a machine without a GPU, which the one-line error tests would see
 needs_cuda_plugin = pytest.mark.skipif(not HAVE_CUDA_PLUGIN,
@@ -168,3 +167,17 @@ def test_xla_gpu_compiles_for_eight_h100s_here(tmp_path):
     row = json.loads(r.stdout)["rows"][0]
     assert 0 <= row["rel_diff"] <= 0.005 and row["fits"]
     assert row["collectives_per_step"].get("all-gather", 0) > 0
+
+
+@needs_cuda_plugin
+def test_one_gpu_target_compiles_for_the_gpu_not_this_cpu(tmp_path):
+    """A one-device layout is a plain jit, placed by its arguments: under --target h100-1
+    they sit on the compile-only GPU (once they sat on the CPU, and the figures were
+    XLA:CPU's)."""
+    rows = {}
+    for where in (["--target", "h100-1"], ["--platform", "cpu", "--devices", "1"]):
+        r = _compare(tmp_path / where[1], *where, "--model", "tiny", "--strategy", "dp=1")
+        assert r.returncode == 0, r.stderr
+        rows[where[1]] = json.loads(r.stdout)["rows"][0]["memory"]
+    assert rows["h100-1"]["arguments"] == rows["cpu"]["arguments"]  # the same state
+    assert rows["h100-1"]["temporaries"] != rows["cpu"]["temporaries"]  # another compiler
