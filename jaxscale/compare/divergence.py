@@ -1,7 +1,8 @@
 """Where a layout parts ways with the single device: the step, the tensors, the layer.
 
 compare says whether a layout's losses stay within rounding of the single device's; when
-they do not, this says where the difference starts (`compare --trace-divergence`):
+they do not, this says where the difference starts (after any run in which a strategy
+misses the bound, `trace_failures`; for every strategy with `compare --trace-divergence`):
 
 1. the step: train the layout and the single device on the same batches and find the first
    step whose loss differs by more than the bound;
@@ -28,6 +29,8 @@ import jax
 import numpy as np
 import optax
 
+from jaxscale.compare.run import run_all
+from jaxscale.compare.strategies import CONTROL
 from jaxscale.parallel.build import build_train_step
 from jaxscale.parallel.plan import Plan
 
@@ -59,12 +62,37 @@ def trace(plan: Plan, cfg, params, batches: list[dict], devices, tolerance: floa
     return report
 
 
+def trace_failures(spec: dict, rows: list[dict], log) -> list[str]:
+    """Trace every strategy that ran but missed the bound, unless the run traced already
+    (--trace-divergence) or is a cluster job: its workers again, on those strategies only,
+    each trained next to the single device (`trace`), row["divergence"] filled in place.
+    Only a failing run pays for it. Returns the names traced."""
+    missed = [r for r in rows if r.get("status") == "ok" and r.get("pass") is False
+              and r["name"] not in ("single", CONTROL) and "divergence" not in r]
+    if not missed or spec.get("trace_divergence") or spec.get("cluster"):
+        return []
+    log(f"{', '.join(r['name'] for r in missed)} missed the bound: tracing where "
+        f"{'it parts' if len(missed) == 1 else 'they part'} ways with the single device")
+    again = {**spec, "strategies": [{"name": r["name"], "plan": r["plan"]} for r in missed],
+             "trace_divergence": True, "time_model": False, "save_params": None,
+             "profile": None, "workers": min(spec.get("workers", 1), len(missed))}
+    traced = {r["name"]: r for r in run_all(again, lambda _: None, log)}
+    for r in missed:
+        found = traced.get(r["name"], {})
+        r["divergence"] = found.get("divergence") or {
+            "error": found.get("error", "the trace did not finish")}
+    return [r["name"] for r in missed]
+
+
 def notes(result: dict) -> list[str]:
     """compare's lines on where each traced strategy parts ways (or a hint to trace)."""
     out = []
     for r in result["rows"]:
         d = r.get("divergence")
-        if d is not None and d["first_step"] is not None:
+        if d is not None and "error" in d:
+            out.append(f"{r['name']} misses the bound; tracing where it parts ways failed: "
+                       f"{d['error']}")
+        elif d is not None and d["first_step"] is not None:
             top = ", ".join(f"{t['tensor']} {t['rel_diff']:.2g}" for t in d["tensors"][:3])
             out.append(f"{r['name']} parts ways at step {d['first_step']} (loss "
                        f"{d['loss_rel_diff'][d['first_step']]:.2g} relative, bound "

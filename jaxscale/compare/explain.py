@@ -1,8 +1,8 @@
 """Where every tensor of a layout's training state lives: `jaxscale explain`.
 
 A layout (a Plan) decides, for each tensor the training step keeps between steps, which
-mesh axes split it and which hold copies. This module builds the plan's state for real (on
-the devices given: forced host-CPU devices on a laptop) and reads each array's sharding:
+mesh axes split it and which hold copies. This module builds the plan's state (on the
+devices given) and reads each array's sharding:
 
   name, kind        the parameter's path; parameter, master weight (fp32, for 16-bit
                     policies), optimizer slot (mu, nu, trace, ...), or counter (scalars)
@@ -15,39 +15,105 @@ the devices given: forced host-CPU devices on a laptop) and reads each array's s
   flag              a tensor the plan's ZeRO stage should split over dp but that each dp
                     replica holds whole (what silently costs memory)
 
-The per-device bytes come from the shardings' shapes (shard_shape x itemsize), not from
-the arrays' buffers; their total over parameters, master weights and optimizer slots is the
-model state that `jaxscale compare` measures from the buffers on its first device, which
-tests/compare/test_explain.py checks to the byte. Gradients are not listed: they exist only
-inside the step.
+The state is never allocated: its shapes come from jax.eval_shape, its shardings are
+those the plan keeps it in (what a checkpoint restore puts it in), so the same rows come for forced host devices and for
+a compile-only target's (`--target`). The per-device bytes come from the shardings' shapes
+(shard_shape x itemsize); their total over parameters, master weights and optimizer slots
+is the model state that `jaxscale compare` measures from the buffers on its first device,
+which tests/compare/test_explain.py checks to the byte. Gradients live only inside the
+step; their rows (`gradients`) follow the layout's own reduction rule.
 """
 from __future__ import annotations
 
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxscale.model import optim, transformer as modellib
+from jaxscale.model import optim, precision, transformer as modellib
 from jaxscale.parallel.axes import DP
 from jaxscale.parallel.build import build_train_step
 from jaxscale.parallel.plan import Plan
 
 PERSISTENT = ("parameter", "master weight", "optimizer slot")  # compare's model state
+TRANSIENT = ("gradient", "accumulator", "reduced gradient")  # inside the step only
+KINDS = (*PERSISTENT, "counter", *TRANSIENT)
 
 
-def tensors(cfg, plan: Plan, params, devices, optimizer=None) -> list[dict]:
-    """One row per array of the plan's initial training state (module docstring), built
-    from `params` (fp32, whole) on `devices`; `optimizer` defaults to compare's AdamW."""
-    init, _ = build_train_step(cfg, plan, optimizer or optim.adamw(3e-3),
-                               list(devices)[:plan.n_devices])
-    state = init(params)
+def build(cfg, plan: Plan, devices, optimizer=None):
+    """(the plan's step, its initial state placed but never allocated) on `devices`
+    (forced host devices, or a target's compile-only ones); `optimizer` defaults to
+    compare's AdamW."""
+    init, step = build_train_step(cfg, plan, optimizer or optim.adamw(3e-3),
+                                  list(devices)[:plan.n_devices])
+    return step, placed_state(init, step, cfg, devices)
+
+
+def tensors(cfg, plan: Plan, step, state) -> list[dict]:
+    """One row per array of the plan's training state (module docstring), then its
+    gradient rows (`gradients`); `step, state` from `build`."""
     axes = modellib.logical_axes(modellib.abstract(cfg))
     rows = [_row(path, x, axes) for path, x in jax.tree_util.tree_leaves_with_path(state)]
     for r in rows:
         r["flag"] = _unsharded(r, plan)
-    return rows
+    return rows + gradients(rows, plan, step.canonical.layout.reduction(),
+                            precision.policy(plan.precision))
+
+
+def placed_state(init, step, cfg, devices):
+    """The state `init` makes, never allocated: its shapes (eval_shape) on the shardings
+    the plan keeps it in (its Canonical's; one device: the first of `devices`)."""
+    params = nnx.to_pure_dict(nnx.state(modellib.abstract(cfg), nnx.Param))
+    shapes = jax.eval_shape(init, jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32), params))
+    if step.mesh is None:
+        one = jax.sharding.SingleDeviceSharding(devices[0])
+        shardings = jax.tree.map(lambda _: one, shapes)
+    else:
+        shardings = step.canonical.state_shardings
+        if isinstance(shardings, jax.sharding.Sharding):  # one for the whole state
+            shardings = jax.tree.map(lambda _: step.canonical.state_shardings, shapes)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, shardings)
+
+
+def gradients(rows: list[dict], plan: Plan, reduction, pol) -> list[dict]:
+    """The gradients' rows, one per parameter and kind, from the layout's own reduction
+    (jaxscale.parallel.layouts.GradReduction); they live only inside the step:
+
+      gradient          what backward gives each device for its own copy of the parameter
+                        (the parameter's piece and dtype; ZeRO-3: its slice, since autodiff
+                        reduce-scatters through the gather)
+      accumulator       the sum over micro-batches (pipeline ticks), when there are several:
+                        the slot's slice if the layout reduces every micro-batch (ZeRO-2),
+                        else the gradient's piece
+      reduced gradient  what the optimizer applies after the dp reduction: the optimizer
+                        slot's piece, fp32 (16-bit policies without a master: their dtype)
+    """
+    slots = {}
+    for r in rows:
+        if r["kind"] == "optimizer slot":
+            slots.setdefault(r["name"], r)
+    out = []
+    for p in (r for r in rows if r["kind"] == "parameter"):
+        slot = slots.get(p["name"], p)
+        out.append(_like(p, p, "gradient", p["dtype"]))
+        if plan.micro_batches > 1 or plan.pp > 1:
+            sliced = reduction.reduce is None or reduction.every_micro
+            out.append(_like(p, slot if sliced else p, "accumulator", p["dtype"]))
+        reduced = "float32" if pol.master_weights or p["dtype"] == "float32" else p["dtype"]
+        out.append(_like(p, slot, "reduced gradient", reduced))
+    return out
+
+
+def _like(param: dict, placed: dict, kind: str, dtype: str) -> dict:
+    """A gradient row: the parameter's name and logical axes, placed like `placed`."""
+    return {**placed, "name": param["name"], "kind": kind, "slot": None, "flag": None,
+            "logical_axes": placed["logical_axes"], "dtype": dtype,
+            "bytes_per_device": math.prod(placed["per_device_shape"]) *
+            np.dtype(dtype).itemsize}
 
 
 def _unsharded(row: dict, plan: Plan) -> str | None:
@@ -110,7 +176,9 @@ def _piece_shape(x) -> tuple[int, ...]:
     try:
         return tuple(x.sharding.shard_shape(x.shape))
     except ValueError:
-        return max((tuple(s.data.shape) for s in x.addressable_shards), key=math.prod)
+        pieces = x.sharding.devices_indices_map(x.shape).values()
+        return max((tuple(len(range(*s.indices(n))) for s, n in zip(index, x.shape))
+                    for index in pieces), key=math.prod)
 
 
 def _mesh_axes(sharding) -> list[str]:
@@ -125,6 +193,8 @@ def _spec_text(sharding) -> str:
         return "whole" if sharding.is_fully_replicated else type(sharding).__name__
     parts = ["None" if p is None else p if isinstance(p, str) else "(" + ",".join(p) + ")"
              for p in spec]
+    while parts and parts[-1] == "None":  # P(tp, None) places as P(tp)
+        parts.pop()
     return "P(" + ", ".join(parts) + ")"
 
 
@@ -132,7 +202,7 @@ def totals(rows: list[dict]) -> dict:
     """Bytes per device by kind, and the model state (parameters + master weights +
     optimizer slots) that compare measures."""
     by_kind = {k: sum(r["bytes_per_device"] for r in rows if r["kind"] == k)
-               for k in (*PERSISTENT, "counter")}
+               for k in (*PERSISTENT, "counter", *TRANSIENT)}
     return {**by_kind, "model_state": sum(by_kind[k] for k in PERSISTENT)}
 
 
@@ -148,8 +218,3 @@ def differences(a: list[dict], b: list[dict]) -> list[dict]:
         if x is None or y is None or any(x[f] != y[f] for f in fields):
             out.append({"kind": k[0], "slot": k[1] or None, "name": k[2], "a": x, "b": y})
     return out
-
-
-def whole_params(cfg) -> dict:
-    """The model's fp32 parameters at initialisation (seed 0), as a nested dict."""
-    return nnx.to_pure_dict(nnx.state(modellib.build(cfg, seed=0), nnx.Param))

@@ -91,7 +91,7 @@ class Canonical:
 
     def __init__(self, layout, optimizer, pol: precision.Policy, shapes, mesh,
                  state_shardings=None, specs=None):
-        self.mesh = mesh
+        self.mesh, self.layout = mesh, layout  # the layout: for explain's gradient rows
         infos = param_infos(shapes, specs)
         abstract = jax.eval_shape(lambda p: steplib.init_state(p, optimizer, pol), shapes)
 
@@ -122,4 +122,6 @@ class Canonical:
                 lambda x: jnp.asarray(np.asarray(x)), state)
             return
         self.to_canonical = jax.jit(to, out_shardings=self.shardings)
-        self.from_canonical = jax.jit(back, out_shardings=state_shardings or self.shardings)
+        # where the plan keeps its state: what a restore puts it in, and explain reads
+        self.state_shardings = state_shardings or self.shardings
+        self.from_canonical = jax.jit(back, out_shardings=self.state_shardings)

@@ -1,5 +1,7 @@
 """Where a layout parts ways with the single device (compare.divergence): the bugs the suite
 injects are found at their step, in their place."""
+import json
+
 import pytest
 
 from jaxscale.compare import divergence
@@ -86,3 +88,19 @@ def test_trace_divergence_is_refused_where_it_cannot_run(capsys):
     with pytest.raises(SystemExit) as e:
         main(["compare", "--abstract", "--trace-divergence"])
     assert e.value.code == 2 and "drop --abstract" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_strategy_that_misses_the_bound_is_traced_after_the_run(cli, tmp_path):
+    """No --trace-divergence: a bound below rounding (1e-12) makes dp=2 miss it, and compare
+    traces it after the run (its workers again, on that strategy only); the control, the
+    single device again, is the reference's twin and is not traced."""
+    out = cli("compare", "--model", "tiny", "--strategy", "dp=2", "--tolerance", "1e-12",
+              "--steps", "2", "--repeats", "3", "--out", str(tmp_path), "--json", expect=1)
+    rows = {r["name"]: r for r in out["rows"]}
+    assert rows["dp=2"]["pass"] is False
+    d = rows["dp=2"]["divergence"]
+    assert d["first_step"] == 0 and d["tolerance"] == 1e-12 and d["where"]
+    assert "divergence" not in rows["control"] and "divergence" not in rows["single"]
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert next(r for r in saved["rows"] if r["name"] == "dp=2")["divergence"] == d

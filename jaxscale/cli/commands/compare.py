@@ -94,7 +94,8 @@ def register(subparsers) -> None:
                         "compare runs, e.g. one process against several)")
     p.add_argument("--trace-divergence", action="store_true",
                    help="for each strategy, also find where it parts ways with the single "
-                        "device: the first step whose loss leaves the bound (--tolerance, "
+                        "device (a strategy that misses the bound is traced anyway, after "
+                        "the run): the first step whose loss leaves the bound (--tolerance, "
                         "else fp32 rounding of the batch's sum), the parameters that differ "
                         "most entering it, and the block whose computation differs (a "
                         "bisection over models cut to their first blocks); one process")
@@ -214,6 +215,9 @@ def run(args) -> int:
         return 130
     if not voice["main"]:  # process 0 reports for the job
         return 1 if any(r["status"] == "failed" for r in rows) else 0
+    from jaxscale.compare.divergence import trace_failures
+    if trace_failures(spec, rows, log):  # a strategy missed the bound: where does it start?
+        save(rows)
     result["complete"] = True
     result["wall"] = wall
     report.finish(result)

@@ -9,23 +9,26 @@ def target_and_job(args, cfg):
     import dataclasses
 
     from jaxscale.compare.strategies import CompareError
-    from jaxscale.runtime import targets
     if (args.target or args.seq) and not args.abstract:
         raise CompareError("--target and --seq only compile: add --abstract")
-    target = None
-    if args.target:
-        try:
-            target = targets.parse_target(args.target)
-            targets.check_available(target)
-        except targets.TargetError as e:
-            raise CompareError(str(e)) from None
-        if args.devices not in (None, target.n_devices):
-            raise CompareError(f"--devices {args.devices}, but {target.name} has "
-                               f"{target.n_devices} chips: drop --devices, or pick a target "
-                               "of that many chips")
-        args.devices = target.n_devices
-    args.devices = args.devices or 8
+    target = checked_target(args.target, args.devices) if args.target else None
+    args.devices = target.n_devices if target else args.devices or 8
     return target, dataclasses.replace(cfg, seq_len=args.seq) if args.seq else cfg
+
+
+def checked_target(name: str, devices: int | None):
+    """The target NAME, its compiler installed and its chips --devices (if given)."""
+    from jaxscale.compare.strategies import CompareError
+    from jaxscale.runtime import targets
+    try:
+        target = targets.parse_target(name)
+        targets.check_available(target)
+    except targets.TargetError as e:
+        raise CompareError(str(e)) from None
+    if devices not in (None, target.n_devices):
+        raise CompareError(f"--devices {devices}, but {target.name} has {target.n_devices} "
+                           "chips: drop --devices, or pick a target of that many chips")
+    return target
 
 
 def check_target_sizes(plans, target, layouts, cfg) -> None:

@@ -1,112 +1,118 @@
-"""`jaxscale explain`: where every tensor of a layout's training state lives.
+"""`jaxscale explain`: where every tensor of a layout lives, and what fills its memory.
 
     jaxscale explain --strategy dp=2,tp=2,pp=2,zero=3,micro_batches=2 --model tiny8
     jaxscale explain --strategy dp=8,zero=1 --strategy dp=2,tp=4 --json
+    jaxscale explain --strategy dp=8,zero=3,precision=bf16 --model llama3-8b --target h100-8
 
-Builds the plan's state for real on forced host-CPU devices (jaxscale.compare.explain) and
-prints, per tensor, its logical axes, its PartitionSpec, one device's piece, its dtype and
-bytes, and how many devices hold the same piece; then the per-device totals (their sum over
-parameters, master weights and optimizer slots is the model state `compare` measures). With
-two plans it prints only the tensors whose placement or bytes differ.
+Builds a layout's training state (never allocated: shapes and shardings) on forced
+host-CPU devices, or on a target's compile-only chips, and prints, per tensor, its logical
+axes, its PartitionSpec, one device's piece, its dtype and bytes, and how many devices hold
+the same piece (jaxscale.compare.explain); then the per-device totals (their sum over
+parameters, master weights and optimizer slots is the model state `compare` measures);
+then what fills memory inside the step: the activations backward keeps per layer and the
+compiled step's largest buffers at its peak (jaxscale.compare.explain_memory). With two
+plans it prints what differs.
 """
 from __future__ import annotations
 
 import json
 
 from jaxscale.cli.main import _number
-from jaxscale.report import print_table
-
-KINDS = ("parameter", "master weight", "optimizer slot", "counter")
 
 
 def register(subparsers) -> None:
     from jaxscale.cli.model_arg import FILE_HELP, model_arg
     from jaxscale.parallel.plan import LAYOUT_KEYS
     p = subparsers.add_parser(
-        "explain", help="where every tensor of a layout's state lives: spec, piece, copies",
+        "explain", help="where every tensor of a layout lives, and what fills its memory",
         description=(
-            "Build a layout's training state (on forced host-CPU devices) and show, for "
-            "every parameter, master weight, optimizer slot and counter: its logical axes, "
-            "its PartitionSpec on the mesh, one device's piece (shape, dtype, bytes) and how "
-            "many devices hold the same piece; then the bytes per device by kind, whose "
-            "sum is the model state `jaxscale compare` measures. Give --strategy twice to "
-            "see only what differs between two layouts."))
+            "Build a layout's training state (shapes and shardings, never allocated) and "
+            "show, for every parameter, master weight, optimizer slot, counter and gradient: "
+            "its logical axes, its PartitionSpec on the mesh, one device's piece (shape, "
+            "dtype, bytes) and how many devices hold the same piece; the bytes per device by "
+            "kind (parameters + master weights + optimizer slots = the model state `jaxscale "
+            "compare` measures); then the activations backward keeps per layer (jax's trace "
+            "of one block) and the compiled step's largest buffers at its peak (XLA's buffer "
+            "assignment). Give --strategy twice to see what differs between two layouts; "
+            "--target to compile for a TPU slice or NVIDIA GPUs from this machine."))
     p.add_argument("--strategy", action="append", required=True, metavar="LAYOUT",
                    help="a layout written out, e.g. dp=2,tp=2,pp=2,zero=3,micro_batches=2 "
                         f"(keys: {', '.join(LAYOUT_KEYS)}); once, or twice to compare two")
     p.add_argument("--model", default="tiny", type=model_arg, metavar="PRESET",
-                   help=f"model preset (one that trains on CPU); {FILE_HELP} (default tiny)")
-    p.add_argument("--devices", type=_number(), default=8, metavar="N",
-                   help="forced host-CPU devices (default 8)")
+                   help=f"model preset; {FILE_HELP} (default tiny; with --target any preset)")
+    p.add_argument("--devices", type=_number(), default=None, metavar="N",
+                   help="forced host-CPU devices (default 8; with --target: its chips)")
+    p.add_argument("--batch-size", type=_number(), default=32, metavar="B",
+                   help="rows per step for the activations and the compiled step (default "
+                        "32, compare's)")
+    p.add_argument("--target", default=None, metavar="NAME",
+                   help="compile for a target's compile-only chips, as `compare --abstract "
+                        "--target` does: v5e-16, v6e-64, v5p-512, h100-8, h200-8, ...")
+    p.add_argument("--seq", type=_number(), default=None, metavar="S",
+                   help="with --target: tokens per sequence (default: the model's seq_len)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every row")
     p.set_defaults(run=run)
 
 
-def run(args) -> int:
+def _checked(args):
+    """(model config, plans, target or None), all checked before JAX starts."""
+    import dataclasses
+
+    from jaxscale.cli.commands.compare_target import check_target_sizes, checked_target
     from jaxscale.compare.strategies import CompareError, check_strategies
     from jaxscale.model import config as model_config
     from jaxscale.runtime import devices as devlib
     if len(args.strategy) > 2:
         raise CompareError(f"--strategy given {len(args.strategy)} times; give one layout to "
                            "explain, or two to compare")
-    model_config.check_platform(args.model, "cpu")
+    if args.seq and not args.target:
+        raise CompareError("--seq sets a target job's sequence length: add --target")
+    target = checked_target(args.target, args.devices) if args.target else None
+    if target is not None:
+        args.devices = target.n_devices
+    else:
+        model_config.check_platform(args.model, "cpu")
+        args.devices = args.devices or 8
+        devlib.check_cpu_count(args.devices)
     cfg = model_config.preset(args.model)
-    devlib.check_cpu_count(args.devices)
-    checked = check_strategies([], args.devices, cfg, tuple(args.strategy))  # before JAX
+    cfg = dataclasses.replace(cfg, seq_len=args.seq) if args.seq else cfg
+    checked = check_strategies([], args.devices, cfg, tuple(args.strategy))
     plans = [checked[s] for s in args.strategy]
-    devices = devlib.force_cpu_devices(args.devices)
-    from jaxscale.compare import explain
-    params = explain.whole_params(cfg)
-    runs = [{"strategy": s, "plan": p.as_dict(), "rows": (rows := explain.tensors(
-        cfg, p, params, devices)), "totals": explain.totals(rows)}
-        for s, p in zip(args.strategy, plans)]
+    for s, plan in zip(args.strategy, plans):
+        if args.batch_size % (plan.dp * plan.micro_batches):
+            raise CompareError(f"--batch-size {args.batch_size} is not divisible by dp x "
+                               f"micro_batches = {plan.dp * plan.micro_batches} of {s}")
+    if target is not None:
+        check_target_sizes(dict(zip(args.strategy, plans)), target, args.strategy, cfg)
+    return cfg, plans, target
+
+
+def run(args) -> int:
+    from jaxscale.cli.commands import explain_show as show
+    cfg, plans, target = _checked(args)
+    from jaxscale.runtime import devices as devlib, targets
+    from jaxscale.runtime.compile_cache import enable_compilation_cache
+    devices = (targets.target_devices(target) if target is not None
+               else devlib.force_cpu_devices(args.devices))
+    enable_compilation_cache()
+    from jaxscale.compare import explain, explain_memory
+    runs = []
+    for s, plan in zip(args.strategy, plans):
+        step, state = explain.build(cfg, plan, devices)
+        rows = explain.tensors(cfg, plan, step, state)
+        runs.append({"strategy": s, "plan": plan.as_dict(), "rows": rows,
+                     "totals": explain.totals(rows), "inside": explain_memory.inside_step(
+                         cfg, plan, step, state, devices, args.batch_size)})
     diff = explain.differences(runs[0]["rows"], runs[1]["rows"]) if len(runs) == 2 else None
     if args.json:
-        print(json.dumps({"model": args.model, "devices": args.devices, "plans": runs,
-                          "differences": diff}))
+        print(json.dumps({"model": args.model, "devices": args.devices, "target": args.target,
+                          "plans": runs, "differences": diff}))
         return 0
     if diff is None:
-        _show(runs[0])
+        show.tensors(runs[0])
+        show.inside(runs[0])
     else:
-        _show_differences(runs, diff)
-    for r in runs:
-        for row in r["rows"]:
-            if row["flag"]:
-                print(f"warning: {r['strategy']}: {row['name']} ({row['kind']}): {row['flag']}")
-        t = r["totals"]
-        print(f"{r['strategy']}: per device " + ", ".join(
-            f"{k}s {t[k]:,} B" for k in KINDS) + f"; model state {t['model_state']:,} B "
-            "(parameters + master weights + optimizer slots)")
+        show.differences(runs, diff)
+        show.inside_side_by_side(runs)
+    show.totals(runs)
     return 0
-
-
-def _piece(r) -> str:
-    return "x".join(map(str, r["per_device_shape"])) or "scalar"
-
-
-def _axes(r) -> str:
-    a = r["logical_axes"]
-    return "-" if a is None else a if isinstance(a, str) else ",".join(a)
-
-
-def _show(run: dict) -> None:
-    rows = sorted(run["rows"], key=lambda r: (KINDS.index(r["kind"]), r["slot"] or "",
-                                              r["name"]))
-    print_table(f"{run['strategy']}: every tensor of the training state, on each device",
-                ["tensor", "kind", "logical axes", "spec", "piece", "dtype", "bytes",
-                 "copies"],
-                [[r["name"], r["kind"] + (f" {r['slot']}" if r["slot"] else ""), _axes(r),
-                  r["spec"], _piece(r), r["dtype"], f"{r['bytes_per_device']:,}",
-                  f"{r['replicas']} of {r['devices']}"] for r in rows])
-
-
-def _show_differences(runs, diff) -> None:
-    a, b = (r["strategy"] for r in runs)
-
-    def cell(r):
-        return "absent" if r is None else (f"{r['spec']} {_piece(r)} {r['dtype']} "
-                                           f"{r['bytes_per_device']:,} B x{r['replicas']}")
-    print_table(f"the {len(diff)} tensors placed differently (spec, piece, dtype, bytes per "
-                "device, copies)", ["tensor", "kind", a, b],
-                [[d["name"], d["kind"] + (f" {d['slot']}" if d["slot"] else ""), cell(d["a"]),
-                  cell(d["b"])] for d in diff])

@@ -1,0 +1,51 @@
+"""What fills a layout's memory during its step: `jaxscale explain`'s second half.
+
+The state's tensors (jaxscale.compare.explain) persist between steps; inside the step
+there is more. Two views of it, each from the program itself:
+
+  saved activations   what backward keeps of each layer, from jax's trace of one block on
+                      one device (jaxscale.measure.residuals): per layer, and the total a
+                      device holds (its layers x the micro-batches in flight)
+  peak buffers        the compiled step's values live together at the peak of XLA's
+                      temporary heap, largest first, each named by the HLO instruction that
+                      makes it and jax's op_name (jaxscale.measure.buffers; XLA:TPU keeps
+                      the assignment back, so there from its text dump,
+                      jaxscale.measure.buffer_dump), beside XLA's memory analysis
+
+The step is compiled, never run, on the devices given: forced host devices, or a target's
+compile-only chips, where XLA:TPU or XLA:GPU does the placing (and may refuse a program
+too big for the chip: then its own sentence is the answer).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxscale.measure import buffer_dump, buffers, memory, residuals
+
+TOP = 12  # peak buffers listed
+
+
+def inside_step(cfg, plan, step, state, devices, batch_size: int, top: int = TOP) -> dict:
+    """The saved activations and the compiled step's peak buffers (module docstring), for
+    one batch of `batch_size` rows of cfg.seq_len tokens; `step, state` from
+    jaxscale.compare.explain.build."""
+    out = {"batch_size": batch_size, "seq": cfg.seq_len,
+           "activations": residuals.block_residuals(cfg, plan, batch_size)}
+    where = step.batch_sharding or jax.sharding.SingleDeviceSharding(devices[0])
+    spec = lambda dtype: jax.ShapeDtypeStruct((batch_size, cfg.seq_len), dtype,  # noqa: E731
+                                              sharding=where)
+    batch = {"tokens": spec(jnp.int32), "targets": spec(jnp.int32), "mask": spec(jnp.float32)}
+    try:
+        compiled = step.jitted.lower(state, batch).compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        out["refused"] = str(e).split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
+        return out
+    out["memory"] = memory.memory(compiled)
+    rows = (buffers.peak_buffers(compiled)  # XLA:TPU returns none: from its text dump
+            or buffer_dump.compile_and_read(step.jitted, state, batch))
+    out["at_peak"] = buffers.by_kind(rows)
+    out["peak_buffers"] = [r for r in rows if r["kind"] == "temporary"][:top]
+    return out
