@@ -29,6 +29,7 @@ import jax
 import numpy as np
 import optax
 
+from jaxscale.compare.child import WorkerError
 from jaxscale.compare.run import run_all
 from jaxscale.compare.strategies import CONTROL
 from jaxscale.parallel.build import build_train_step
@@ -46,11 +47,12 @@ def rounding_bound(n_terms: int) -> float:
 
 
 def trace(plan: Plan, cfg, params, batches: list[dict], devices, tolerance: float,
-          optimizer) -> dict:
-    """The report (module docstring) for `plan` against Plan() on `batches` (whole host
-    dicts, one per step) from the whole fp32 `params`."""
+          optimizer, reference: Plan = Plan()) -> dict:
+    """The report (module docstring) for `plan` against the single device's `reference`
+    plan (compare's: Plan(), or Plan(precision=...) under --precision) on `batches` (whole
+    host dicts, one per step) from the whole fp32 `params`."""
     layout, single = (_train(p, cfg, params, batches, devices, optimizer)
-                      for p in (plan, Plan()))
+                      for p in (plan, reference))
     rel = [abs(a - b) / abs(b) for a, b in zip(layout["losses"], single["losses"])]
     step = next((i for i, r in enumerate(rel) if r > tolerance), None)
     report = {"tolerance": tolerance, "first_step": step, "loss_rel_diff": rel}
@@ -58,25 +60,34 @@ def trace(plan: Plan, cfg, params, batches: list[dict], devices, tolerance: floa
         return report
     report["tensors"] = _tensors(layout["params"][step], single["params"][step])
     report["layers"], report["where"] = _layers(plan, cfg, single["params"][step],
-                                                batches[step], devices, tolerance)
+                                                batches[step], devices, tolerance, reference)
     return report
 
 
-def trace_failures(spec: dict, rows: list[dict], log) -> list[str]:
-    """Trace every strategy that ran but missed the bound, unless the run traced already
-    (--trace-divergence) or is a cluster job: its workers again, on those strategies only,
-    each trained next to the single device (`trace`), row["divergence"] filled in place.
-    Only a failing run pays for it. Returns the names traced."""
+def trace_failures(spec: dict, rows: list[dict], noise: dict, log) -> list[str]:
+    """Trace every strategy that ran but missed compare's bound, unless the run traced
+    already (--trace-divergence), is a cluster job, or had no bound (no single-device
+    run to judge by): its workers again, on those strategies only, each trained next to the
+    single device (`trace`) against the same bound; row["divergence"] filled in place (an
+    error or Ctrl-C leaves a note there instead). Only a failing run pays for it. Returns
+    the names traced."""
     missed = [r for r in rows if r.get("status") == "ok" and r.get("pass") is False
               and r["name"] not in ("single", CONTROL) and "divergence" not in r]
-    if not missed or spec.get("trace_divergence") or spec.get("cluster"):
+    if not missed or noise.get("tolerance") is None or spec.get("trace_divergence") \
+            or spec.get("cluster"):
         return []
     log(f"{', '.join(r['name'] for r in missed)} missed the bound: tracing where "
         f"{'it parts' if len(missed) == 1 else 'they part'} ways with the single device")
     again = {**spec, "strategies": [{"name": r["name"], "plan": r["plan"]} for r in missed],
-             "trace_divergence": True, "time_model": False, "save_params": None,
-             "profile": None, "workers": min(spec.get("workers", 1), len(missed))}
-    traced = {r["name"]: r for r in run_all(again, lambda _: None, log)}
+             "trace_divergence": True, "tolerance": noise["tolerance"], "time_model": False,
+             "repeats": 3, "save_params": None, "profile": None,
+             "workers": min(spec.get("workers", 1), len(missed))}
+    try:
+        traced = {r["name"]: r for r in run_all(again, lambda _: None, log)}
+    except (WorkerError, KeyboardInterrupt) as e:
+        traced = {}
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+        log(f"jaxscale: tracing stopped ({why}); the measured run is complete")
     for r in missed:
         found = traced.get(r["name"], {})
         r["divergence"] = found.get("divergence") or {
@@ -128,13 +139,14 @@ def _tensors(layout: dict, single: dict) -> list[dict]:
     return sorted(rows, key=lambda r: -r["rel_diff"])[:TOP]
 
 
-def _layers(plan, cfg, params, batch, devices, tolerance) -> tuple[list[dict], str]:
+def _layers(plan, cfg, params, batch, devices, tolerance, reference: Plan = Plan()
+            ) -> tuple[list[dict], str]:
     """Each cut tried (blocks kept, relative loss difference) and the sentence it leads to."""
     unit = plan.pp * plan.virtual  # a pipeline's cut keeps whole stages
     tried = []
 
     def differs(blocks: int, silent: bool = False) -> bool:
-        a, b = (_loss(p, cfg, params, batch, devices, blocks, silent) for p in (plan, Plan()))
+        a, b = (_loss(p, cfg, params, batch, devices, blocks, silent) for p in (plan, reference))
         tried.append({"blocks": 0 if silent else blocks, "rel_diff": abs(a - b) / abs(b)})
         return tried[-1]["rel_diff"] > tolerance
 

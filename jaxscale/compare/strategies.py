@@ -20,6 +20,8 @@ replaces the bound.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from jaxscale.compare import phases
 from jaxscale.parallel.hybrid import check_divisible
 from jaxscale.parallel.plan import Plan, PlanError
@@ -166,13 +168,17 @@ def layout_plan(layout: str, n: int) -> Plan:
     return plan
 
 
-def check_strategies(names: list[str], n: int, cfg, layouts: tuple[str, ...] = ()
-                     ) -> dict[str, Plan]:
+def check_strategies(names: list[str], n: int, cfg, layouts: tuple[str, ...] = (),
+                     precision: str | None = None) -> dict[str, Plan]:
     """Plans for strategy `names` and written-out `layouts` (named by their text), all
-    validated before anything compiles (CompareError if not)."""
+    validated before anything compiles (CompareError if not). `precision`: the policy of
+    every strategy, the single device and the control included, except a layout that
+    names its own (so each is judged against its own single-device run)."""
     plans = {}
     for name in [*names, *layouts]:
         plan = layout_plan(name, n) if name in layouts else strategy_plan(name, n, cfg)
+        if precision is not None and not (name in layouts and "precision=" in name):
+            plan = replace(plan, precision=precision)
         try:
             plan.validate()
             if plan.tp > 1 or plan.pp > 1:

@@ -168,8 +168,10 @@ class Rows:
         batches = [self.batches.rows(i, 0, n) for i in range(len(self.batches))]
         bound = self.spec.get("tolerance") or divergence.rounding_bound(
             int(batches[0]["mask"].sum()))
+        single = Plan(precision=self.spec.get("precision") or "fp32")  # compare's single
         p.row["divergence"] = divergence.trace(p.plan, self.cfg, self.params, batches,
-                                               self.devices, bound, optim.adamw(LEARNING_RATE))
+                                               self.devices, bound, optim.adamw(LEARNING_RATE),
+                                               single)
 
     def _row(self, row: dict) -> dict:
         row["mesh"] = mesh_label(row["plan"])

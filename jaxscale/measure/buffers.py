@@ -135,7 +135,9 @@ def peak_buffers(compiled) -> list[dict]:
     """The values live at each allocation's peak in a jax Compiled program (module
     docstring), largest first."""
     analysis = compiled.memory_analysis()
-    assignment = fields(analysis.serialized_buffer_assignment_proto)
+    assignment = fields(analysis.serialized_buffer_assignment_proto or b"")
+    if not assignment.get(5):  # kept back (XLA:TPU), or a jaxlib without peak buffers
+        return []
     module = compiled.runtime_executable().hlo_modules()[0]
     known = instructions(module.as_serialized_hlo_module_proto())
     buffers = {}

@@ -12,15 +12,17 @@ of a layout runs it:
   weights    one layer's parameters, split over tp where the layout splits them (heads,
              MLP units), in the precision policy's compute dtype
 
-The collectives are left out of the trace (tp's all-reduces and the cp ring are not
-differentiated here), so what a selective policy keeps of their outputs counts like the
-local value it replaces. The layer's weights are not activations: the rows list the
-block's input and the values made inside it.
+Left out, and said so: the collectives (tp's all-reduces, the cp ring) are not traced, so a
+policy's choice to keep their outputs does not show and cp's ring keeps more than this
+(each hop's blocks and the K and V it received); sequence parallelism's split of the
+norms and residual adds (T/tp between the sub-layers) does not show; and the embedding,
+the head and the loss (logits: rows x T x vocab) are not blocks. The layer's weights are
+not activations: the rows list the block's input and the values made inside it. ZeRO-3
+runs its layers under its own policy (matmul outputs kept, never a gathered weight).
 
 What a device holds at once (`_held`): without a pipeline, every layer's residuals of one
-micro-batch; a pipeline keeps only each stage's input for the micro-batches in flight
-(jaxscale.costmodel.schedule.in_flight) and recomputes a chunk's forward in its backward,
-so it adds one chunk's residuals.
+micro-batch; a pipeline keeps its schedule's slots of stage inputs (and gradients) and
+recomputes a chunk's forward in its backward, so it adds one chunk's residuals.
 """
 from __future__ import annotations
 
@@ -31,11 +33,12 @@ import numpy as np
 from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals  # behind print_saved_residuals
 
-from jaxscale.costmodel import schedule
 from jaxscale.model import precision, transformer as modellib
 from jaxscale.model.block import block
 from jaxscale.parallel.axes import TP
+from jaxscale.parallel import zero
 from jaxscale.parallel.hybrid import param_specs
+from jaxscale.parallel.tick_table import tick_table
 
 
 def block_residuals(cfg, plan, batch_size: int) -> dict:
@@ -49,13 +52,20 @@ def block_residuals(cfg, plan, batch_size: int) -> dict:
     x = jax.ShapeDtypeStruct((rows_here, tokens, cfg.d_model), dtype)
 
     def one_block(p, x):
-        return block(p, x, None, plan.attention, None, cfg.family)
-    if plan.remat != "none":
-        one_block = jax.checkpoint(one_block, policy=modellib.REMAT_POLICIES[plan.remat])
+        return block(p, x, None, plan.attention, None, plan.family(cfg))
+    policy = (zero.layer_policy(plan.remat) if plan.zero_stage == 3  # ZeRO-3's own choice
+              else modellib.REMAT_POLICIES[plan.remat])
+    if policy is not None:
+        one_block = jax.checkpoint(one_block, policy=policy)
     rows = [_row(aval, source) for aval, source in saved_residuals(one_block, weights, x)
             if not source.startswith(("from the argument p", "from a literal"))]
     per_layer = sum(r["bytes"] for r in rows)
+    left_out = ["the embedding, the head and the loss"] + [
+        what for what, there in (("tp's collective outputs", plan.tp > 1),
+                                 ("sequence parallelism's split", plan.sequence_parallel),
+                                 ("the cp ring's hops", plan.cp > 1)) if there]
     return {"rows_per_micro_batch": rows_here, "tokens": tokens, "remat": plan.remat,
+            "left_out": left_out,
             "rows": sorted(rows, key=lambda r: -r["bytes"]), "per_layer": per_layer,
             **_held(cfg, plan, per_layer, rows_here * tokens * cfg.d_model * dtype.itemsize)}
 
@@ -63,18 +73,19 @@ def block_residuals(cfg, plan, batch_size: int) -> dict:
 def _held(cfg, plan, per_layer: int, stage_input: int) -> dict:
     """What a device holds at once, and the sentence that says how. Without a pipeline:
     every layer's residuals of one micro-batch (they are accumulated one at a time). A
-    pipeline keeps only each stage input in flight and recomputes a chunk's forward in its
-    backward (jaxscale.parallel.pipeline): the inputs in flight plus one chunk's residuals."""
+    pipeline (jaxscale.parallel.pipeline) keeps its schedule's slots of stage inputs and of
+    their gradients (the tick table's), with a split backward the boundary activations and
+    gradients each waiting W holds, and recomputes one chunk's forward at a time."""
     if plan.pp == 1:
         total = per_layer * cfg.n_layers
         return {"total": total, "how": f"{per_layer:,} B a layer x {cfg.n_layers} layers"}
-    flight = schedule.in_flight(plan.pp, plan.micro_batches, plan.schedule, plan.virtual)
+    t = tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
     chunk = cfg.n_layers // (plan.pp * plan.virtual)
-    total = int(flight * stage_input) + per_layer * chunk
-    how = (f"{flight:g} stage inputs in flight x {stage_input:,} B + one chunk's backward "
-           f"({chunk} layers x {per_layer:,} B)")
-    if plan.schedule in schedule.ZERO_BUBBLE:
-        how += "; not counted: the boundary activations a split backward keeps for W"
+    waiting = 2 * t.wslots * (chunk + 1)  # h_l and g_l at each boundary, per waiting W
+    total = (t.slots + t.gslots + waiting) * stage_input + per_layer * chunk
+    how = (f"{t.slots} stage inputs + {t.gslots} gradients"
+           + (f" + {waiting} boundary values waiting for W" if waiting else "")
+           + f" x {stage_input:,} B + one chunk's backward ({chunk} layers x {per_layer:,} B)")
     return {"total": total, "how": how}
 
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxscale.model import attention as attentionlib, rope
+from jaxscale.model import attention as attentionlib, fp8, rope
 from jaxscale.model.config import GPT2, Family
 
 # The outputs of the collectives inside a block (tp's, the cp ring's) carry this name, so
@@ -89,16 +89,17 @@ def attention(p, x, reduce=_same, kernel: str = "einsum", seq=None, family: Fami
     jaxscale.model.transformer.forward (it brings its own attend). With rotary positions q
     and k turn by their tokens' positions before anything else sees them; k and v may have
     fewer heads than q (grouped-query attention: the kernels repeat them)."""
-    q = _plus_bias(jnp.einsum("btd,dhk->bthk", x, p["wq"]), p, "bq")
-    k = _plus_bias(jnp.einsum("btd,dhk->bthk", x, p["wk"]), p, "bk")
-    v = _plus_bias(jnp.einsum("btd,dhk->bthk", x, p["wv"]), p, "bv")
+    dot = fp8.matmul(family.matmul)
+    q = _plus_bias(dot("btd,dhk->bthk", x, p["wq"]), p, "bq")
+    k = _plus_bias(dot("btd,dhk->bthk", x, p["wk"]), p, "bk")
+    v = _plus_bias(dot("btd,dhk->bthk", x, p["wv"]), p, "bv")
     if family.position == "rope":
         where = positions(seq, x.shape[1])
         q = rope.rotate(q, where, family.rope_theta, family.rope_scaling)
         k = rope.rotate(k, where, family.rope_theta, family.rope_scaling)
     k, v = local_kv(k, v, q.shape[2], family, tp_axis)
     out = (attentionlib.attend if seq is None else seq.attend)(q, k, v, kernel)
-    return _plus_bias(reduce(jnp.einsum("bthk,hkd->btd", out, p["wo"])), p, "bo")
+    return _plus_bias(reduce(dot("bthk,hkd->btd", out, p["wo"])), p, "bo")
 
 
 def mlp(p, x, reduce=_same, family: Family = GPT2):
@@ -108,12 +109,13 @@ def mlp(p, x, reduce=_same, family: Family = GPT2):
     if ("w3" in p) != (family.mlp == "swiglu"):
         raise ValueError(f"the parameters {'have' if 'w3' in p else 'lack'} W3 but the "
                          f"family's MLP is {family.mlp!r}: pass the model's family")
-    up = _plus_bias(x @ p["w1"], p, "b1")
+    dot = fp8.matmul(family.matmul)
+    up = _plus_bias(dot("btd,df->btf", x, p["w1"]), p, "b1")
     if family.mlp == "swiglu":
-        hidden = jax.nn.silu(up) * _plus_bias(x @ p["w3"], p, "b3")
+        hidden = jax.nn.silu(up) * _plus_bias(dot("btd,df->btf", x, p["w3"]), p, "b3")
     else:
         hidden = jax.nn.gelu(up)
-    return _plus_bias(reduce(hidden @ p["w2"]), p, "b2")
+    return _plus_bias(reduce(dot("btf,fd->btd", hidden, p["w2"])), p, "b2")
 
 
 def tp_operators(tp_axis: str | None, sequence_parallel: bool = False):

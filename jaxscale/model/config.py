@@ -89,7 +89,8 @@ class Family:
     """The static choices of a block's computation: hashable, so part of the compiled
     program as remat and the attention kernel are. `kv_heads`: the model's k and v heads,
     all devices together (0: as many as the query heads); tensor parallelism needs it to
-    know whether it splits them (jaxscale.model.block.attention)."""
+    know whether it splits them (jaxscale.model.block.attention). `matmul`: how the block's
+    projections multiply, set by the precision policy, not the model."""
 
     norm: str = "layernorm"
     mlp: str = "gelu"
@@ -98,6 +99,7 @@ class Family:
     rope_scaling: tuple = ()
     norm_eps: float = 1e-5
     kv_heads: int = 0
+    matmul: str = "native"  # or "fp8": the precision policy's (jaxscale.model.fp8)
 
 
 GPT2 = Family()  # the garden presets': LayerNorm, GELU, learned positions, multi-head

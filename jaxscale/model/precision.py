@@ -20,6 +20,7 @@ class Policy:
     loss_scale: str = "none"  # none | static | dynamic
     initial_scale: float = 2.0**15
     growth_interval: int = 2000  # dynamic: finite steps in a row before doubling the scale
+    matmul: str = "native"  # how a block's matrix multiplies compute (jaxscale.model.fp8)
 
     def __post_init__(self):
         dtype_of(self.param_dtype)
@@ -46,12 +47,15 @@ POLICIES = {
     "bf16": Policy("bf16", "bfloat16", master_weights=True),
     "fp16": Policy("fp16", "float16", master_weights=True, loss_scale="dynamic"),
     "bf16-pure": Policy("bf16-pure", "bfloat16", master_weights=False),
+    "fp8": Policy("fp8", "bfloat16", master_weights=True, matmul="fp8"),
 }
 POLICY_HELP = {
     "fp32": "everything in float32 (the reference)",
     "bf16": "bfloat16 weights, activations and gradients; fp32 master weights and optimizer state",
     "fp16": "float16 likewise, with fp32 master weights and dynamic loss scaling",
     "bf16-pure": "bfloat16 everywhere, optimizer state included; no master weights",
+    "fp8": "bf16, with the blocks' matrix multiplies in FP8 (E4M3 forward, E5M2 gradients, "
+           "per-tensor current scaling)",
 }
 
 

@@ -18,10 +18,12 @@ Three choices change how the model computes, never what (each is a static attrib
 the graph and a Plan field): `remat` (what backward recomputes), `attention` (the kernel:
 see jaxscale.model.attention) and `unroll` (the layers as one compiled loop body run L times, or
 written out L times: a loop compiles once per shape whatever L is; unrolled code lets XLA
-schedule and fuse across layers, which GPU recipes prefer).
+schedule and fuse across layers, which GPU recipes prefer), and `matmul` (how the blocks'
+projections multiply: natively, or in FP8 under the fp8 precision policy, jaxscale.model.fp8).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -30,7 +32,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale import garden
-from jaxscale.model import attention as attentionlib
+from jaxscale.model import attention as attentionlib, fp8
 from jaxscale.model.block import (COLLECTIVE, attention, block, layer_norm, mlp, norm,  # noqa: F401
                                   rms_norm, tp_operators)
 from jaxscale.model.config import GPT2, Family, ModelConfig, ModelConfigError
@@ -85,8 +87,13 @@ REMAT_POLICIES = {"none": None, "full": _policies.nothing_saveable,
                       _policies.save_only_these_names(COLLECTIVE))}
 
 
-def check_compute(remat: str = "none", attention: str = "einsum") -> None:
-    """Raise ModelConfigError naming a remat policy or attention kernel that is unknown."""
+def check_compute(remat: str = "none", attention: str = "einsum",
+                  matmul: str = "native") -> None:
+    """Raise ModelConfigError naming a remat policy, attention kernel or matmul recipe that
+    is unknown."""
+    if matmul not in fp8.RECIPES:
+        raise ModelConfigError(f"unknown matmul recipe {matmul!r}; choose from "
+                               f"{', '.join(fp8.RECIPES)}")
     if remat not in REMAT_POLICIES:
         raise ModelConfigError(f"unknown remat policy {remat!r}; choose from "
                                f"{', '.join(REMAT_POLICIES)}")
@@ -100,10 +107,11 @@ class Blocks(nnx.Module):
     """All transformer blocks, every parameter stacked along a leading `layers` axis."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, remat: str = "none",
-                 attention: str = "einsum", unroll: bool = False):
-        check_compute(remat, attention)
+                 attention: str = "einsum", unroll: bool = False, matmul: str = "native"):
+        check_compute(remat, attention, matmul)
         # static attributes: part of the graphdef, not of the params
         self.remat, self.attention, self.unroll = remat, attention, bool(unroll)
+        self.matmul = matmul
         L, d, h, k, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
         kv, bias = cfg.kv_heads, cfg.bias
         # k and v: "kv_heads" when fewer than the query heads (tp splits them only if it
@@ -141,13 +149,13 @@ class Transformer(nnx.Module):
     """Causal language model: token ids [B, T] -> logits [B, T, vocab]."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, remat: str = "none",
-                 attention: str = "einsum", unroll: bool = False):
+                 attention: str = "einsum", unroll: bool = False, matmul: str = "native"):
         self.cfg = cfg
         normal = jax.nn.initializers.normal(cfg.init_std)
         self.tok_embed = _param(normal, rngs.params(), (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
         if cfg.position == "learned":
             self.pos_embed = _param(normal, rngs.params(), (cfg.seq_len, cfg.d_model), ("position", "embed"))
-        self.blocks = Blocks(cfg, rngs, remat, attention, unroll)
+        self.blocks = Blocks(cfg, rngs, remat, attention, unroll, matmul)
         self.ln_f = LayerNorm(cfg.d_model, bias=cfg.bias and cfg.norm == "layernorm")
         if not cfg.tied_head:  # logits = h @ U, U [d, vocab] of its own
             self.unembed = _param(normal, rngs.params(), (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
@@ -159,7 +167,7 @@ class Transformer(nnx.Module):
         b = self.blocks
         return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, b.remat,
                        attention=b.attention, unroll=b.unroll, seq=sequence(self.cfg, tokens),
-                       family=self.cfg.family)
+                       family=dataclasses.replace(self.cfg.family, matmul=b.matmul))
 
 
 def document_ids(tokens: jax.Array) -> jax.Array:

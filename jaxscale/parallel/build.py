@@ -34,9 +34,10 @@ def build_train_step(model_cfg: ModelConfig, plan: Plan,
             attention.check_kernel(plan.attention, platform)
         except attention.KernelError as e:
             raise PlanError(str(e)) from None
-    graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat,
-                                              attention=plan.attention, unroll=plan.unroll))
     pol = precision.policy(plan.precision)
+    graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat,
+                                              attention=plan.attention, unroll=plan.unroll,
+                                              matmul=pol.matmul))
     abstract = modellib.abstract(model_cfg)
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
     if model_cfg.document_mask and (plan.attention == "cudnn" or plan.pp > 1 or (
@@ -48,7 +49,7 @@ def build_train_step(model_cfg: ModelConfig, plan: Plan,
         return build_hybrid(model_cfg, graphdef, plan, optimizer, pol, shapes,
                             modellib.logical_axes(abstract), devices)
     if plan.zero_stage:
-        return build_zero(graphdef, plan, optimizer, pol, shapes, devices, model_cfg.family)
+        return build_zero(graphdef, plan, optimizer, pol, shapes, devices, plan.family(model_cfg))
     if plan.n_devices == 1 and plan.micro_batches == 1:  # the reference: a plain jit
         canonical = Canonical(layouts.Replicated(), optimizer, pol, shapes, None)
         step = PlanStep(None, steplib.make_step(graphdef, optimizer, pol),

@@ -155,12 +155,12 @@ def pipeline_grad_fn(model_cfg, plan, layout, specs):
     tp_axis = TP if plan.tp > 1 else None
     shared = jax.tree.map(lambda s: PP not in s, specs, is_leaf=is_spec)
     units = (gathered_units(layout.fetch, plan.remat, plan.attention, plan.unroll, tp_axis,
-                            family=model_cfg.family)
+                            family=plan.family(model_cfg))
              if plan.zero_stage == 3 else None)
     return pipeline_value_and_grad(
         plan, tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual),
         tp_axis=tp_axis, replicated_over_pp=shared, reduction=layout.reduction(), units=units,
-        d_model=model_cfg.d_model, family=model_cfg.family)
+        d_model=model_cfg.d_model, family=plan.family(model_cfg))
 
 
 def sequence_grad_fn(model_cfg, plan, layout, specs):
@@ -178,11 +178,11 @@ def sequence_grad_fn(model_cfg, plan, layout, specs):
         if plan.zero_stage == 3:  # prm: my dp slices of my tp shards, gathered per unit
             logits = forward_gathered(prm, mb["tokens"], plan.remat, layout.fetch,
                                       plan.attention, plan.unroll, tp_axis, sequence(mb),
-                                      model_cfg.family)
+                                      plan.family(model_cfg))
         else:
             logits = modellib.forward(prm, mb["tokens"], plan.remat, tp_axis=tp_axis,
                                       attention=plan.attention, unroll=plan.unroll,
-                                      seq=sequence(mb), family=model_cfg.family)
+                                      seq=sequence(mb), family=plan.family(model_cfg))
         return logits_nll_and_count(logits, mb)
 
     # The devices that split the sequence hold different tokens, so each parameter's

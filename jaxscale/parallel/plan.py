@@ -15,7 +15,7 @@ Plan.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 
 from jaxscale.model import attention, precision, transformer as modellib
@@ -117,6 +117,11 @@ class Plan:
             raise PlanError(f"context parallelism (cp={self.cp}) runs with dp and tp, not yet "
                             f"inside a pipeline (pp={self.pp}); use pp=1")
         return self
+
+    def family(self, model_cfg):
+        """How a block computes under this plan: the model's family, multiplying as the
+        precision policy says (jaxscale.model.fp8)."""
+        return replace(model_cfg.family, matmul=precision.policy(self.precision).matmul)
 
     def as_dict(self) -> dict:
         return asdict(self)

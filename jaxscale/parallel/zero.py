@@ -62,6 +62,15 @@ def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum
     return head(slices, layers(slices["blocks"], embed(slices, tokens)))
 
 
+def layer_policy(remat: str):
+    """What a ZeRO-3 layer keeps for backward: the remat policy's choice, or with none the
+    matmul outputs and tp's collective outputs (not sent twice), never a gathered weight."""
+    saveable = jax.checkpoint_policies
+    keep = saveable.save_from_both_policies(
+        saveable.dots_saveable, saveable.save_only_these_names(modellib.COLLECTIVE))
+    return modellib.REMAT_POLICIES[remat] or keep
+
+
 def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = False,
                    tp_axis: str | None = None, seq=None, family: Family = GPT2):
     """(embed(slices, tokens), layers(block_slices, x), head(slices, x)): model.forward's
@@ -102,9 +111,7 @@ def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = 
     saveable = jax.checkpoint_policies
     embed_unit = jax.checkpoint(embed_unit, policy=saveable.nothing_saveable)
     head_unit = jax.checkpoint(head_unit, policy=saveable.dots_saveable)
-    keep = saveable.save_from_both_policies(  # and tp's collective outputs: not sent twice
-        saveable.dots_saveable, saveable.save_only_these_names(modellib.COLLECTIVE))
-    layer = jax.checkpoint(layer, policy=modellib.REMAT_POLICIES[remat] or keep)
+    layer = jax.checkpoint(layer, policy=layer_policy(remat))
 
     def embed(slices, tokens):  # the token table, and the position table if there is one
         return embed_unit({k: slices[k] for k in EMBED_UNIT if k in slices}, tokens)

@@ -132,8 +132,9 @@ def gpu_compiler_found() -> bool:
     """Whether XLA:GPU can compile here: jax's CUDA plugin (CUDA 12 or 13) and ptxas, from
     the nvcc wheel or a CUDA toolkit on PATH."""
     plugin = any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13))
-    try:
-        wheel = importlib.util.find_spec("nvidia.cuda_nvcc") is not None
+    try:  # CUDA 12's nvcc wheel, or CUDA 13's (nvidia.cu13, where jax looks first)
+        wheel = any(importlib.util.find_spec(m) is not None
+                    for m in ("nvidia.cuda_nvcc", "nvidia.cu13"))
     except ModuleNotFoundError:  # no nvidia namespace package at all
         wheel = False
     return plugin and (wheel or shutil.which("ptxas") is not None)

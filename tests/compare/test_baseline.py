@@ -63,3 +63,8 @@ def test_a_baseline_of_another_job_or_unreadable_is_refused_before_running(capsy
     assert "drop --abstract" in _refused(["compare", "--abstract", "--baseline",
                                           str(other)], capsys)
     assert "'x.txt'" in _refused(["compare", "--save-baseline", "x.txt"], capsys)
+    fp32 = tmp_path / "fp32.json"
+    fp32.write_text(json.dumps({"model": "tiny", "devices": 8, "steps": 3, "batch_size": 32,
+                                "rows": [{"name": "single", "plan": {"precision": "fp32"}}]}))
+    assert "ran in precision 'fp32', this run in 'fp8'" in _refused(
+        [*RUN, "--precision", "fp8", "--baseline", str(fp32)], capsys)

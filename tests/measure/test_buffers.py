@@ -80,8 +80,14 @@ def test_the_layout_sets_rows_heads_tokens_and_dtype():
     bf16 = residuals.block_residuals(CFG, Plan(precision="bf16", remat="full"), 8)
     assert bf16["rows"][0]["dtype"] == "bfloat16"
     pp = residuals.block_residuals(CFG, Plan(pp=2, micro_batches=4), 8)
-    stage_input = 2 * CFG.seq_len * CFG.d_model * 4
-    assert pp["total"] == 2 * stage_input + pp["per_layer"] * CFG.n_layers // 2
+    stage_input = 2 * CFG.seq_len * CFG.d_model * 4  # 2 rows a micro-batch
+    # 1F1B on 2 stages: 2 stage inputs in flight (the first stage) and 1 gradient slot
+    assert pp["total"] == (2 + 1) * stage_input + pp["per_layer"] * CFG.n_layers // 2
+    zb = residuals.block_residuals(CFG, Plan(pp=2, micro_batches=4, schedule="zb-h1"), 8)
+    assert zb["total"] > pp["total"] and "waiting for W" in zb["how"]
+    zero3 = residuals.block_residuals(CFG, Plan(dp=2, zero_stage=3), 8)
+    plain = residuals.block_residuals(CFG, Plan(dp=2), 8)
+    assert zero3["per_layer"] < plain["per_layer"]  # ZeRO-3's layers keep matmul outputs
 
 
 @pytest.mark.parametrize("source, short", [

@@ -21,7 +21,7 @@ from jaxscale.cli.main import _number
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.runtime import devices as devlib
 from jaxscale.cli import cluster_options, config_file
-from jaxscale.cli.commands import compare_baseline
+from jaxscale.cli.commands import compare_baseline, compare_judging
 from jaxscale.model import config as model_config
 
 
@@ -68,9 +68,6 @@ def register(subparsers) -> None:
     p.add_argument("--strategy", action="append", default=[], metavar="LAYOUT",
                    help="a layout written out, e.g. dp=2,tp=4,zero=1,remat=full,precision=bf16 "
                         f"(keys: {', '.join(LAYOUT_KEYS)}); repeatable, beside --strategies")
-    p.add_argument("--tolerance", type=_number(float, 0, exclusive=True), default=None,
-                   metavar="REL", help="pass bound on the largest relative loss difference "
-                                       "from the single device, instead of the measured one")
     p.add_argument("--repeats", type=_number(minimum=3), default=15, metavar="R",
                    help="timed steps per strategy for the median and quartiles (default 15)")
     p.add_argument("--abstract", action="store_true",
@@ -92,13 +89,7 @@ def register(subparsers) -> None:
     p.add_argument("--save-params", type=output_dir, default=None, metavar="DIR",
                    help="write each strategy's final whole parameters to DIR/NAME.npz (to "
                         "compare runs, e.g. one process against several)")
-    p.add_argument("--trace-divergence", action="store_true",
-                   help="for each strategy, also find where it parts ways with the single "
-                        "device (a strategy that misses the bound is traced anyway, after "
-                        "the run): the first step whose loss leaves the bound (--tolerance, "
-                        "else fp32 rounding of the batch's sum), the parameters that differ "
-                        "most entering it, and the block whose computation differs (a "
-                        "bisection over models cut to their first blocks); one process")
+    compare_judging.add_arguments(p)
     compare_baseline.add_arguments(p)
     config_file.add_argument(p)
     runtime.add_profile_argument(p)  # one trace folder per strategy: DIR/NAME
@@ -143,7 +134,7 @@ def _checked_plans(args, cfg, on_cpu: bool) -> dict:
     if on_cpu and not args.abstract:  # the host's limit first, as train states it
         devlib.check_cpu_count(args.devices)
     names, layouts = _strategy_names(args, args.devices, cfg)
-    plans = check_strategies(names, args.devices, cfg, layouts)
+    plans = check_strategies(names, args.devices, cfg, layouts, args.precision)
     for name, plan in plans.items():
         if args.batch_size % (plan.dp * plan.micro_batches):
             need = max(p.dp * p.micro_batches for p in plans.values())
@@ -216,7 +207,7 @@ def run(args) -> int:
     if not voice["main"]:  # process 0 reports for the job
         return 1 if any(r["status"] == "failed" for r in rows) else 0
     from jaxscale.compare.divergence import trace_failures
-    if trace_failures(spec, rows, log):  # a strategy missed the bound: where does it start?
+    if trace_failures(spec, rows, result["noise"], log):  # a strategy missed: where?
         save(rows)
     result["complete"] = True
     result["wall"] = wall
@@ -251,6 +242,7 @@ def _spec(args, plans: dict, cluster, on_cpu: bool) -> dict:
             "save_params": None if args.save_params is None else str(args.save_params),
             "profile": None if args.profile is None else os.path.abspath(args.profile),
             "trace_divergence": args.trace_divergence, "tolerance": args.tolerance,
+            "precision": args.precision,
             # compile on every core, then time each strategy alone (compare/pool.py)
             "workers": worker_count(len(plans), on_cpu, cluster is not None)}
 

@@ -32,7 +32,8 @@ def load(args, on_cpu: bool):
     platform = "cpu" if on_cpu else (None if args.platform == "auto" else args.platform)
     return baseline.load(args.baseline, {"model": args.model, "devices": args.devices,
                                          "steps": args.steps, "batch_size": args.batch_size,
-                                         "platform": platform})
+                                         "platform": platform,
+                                         "precision": args.precision or "fp32"})
 
 
 def check(base, result: dict) -> None:

@@ -62,7 +62,8 @@ def inside(run: dict) -> None:
                 "tokens)", ["made by", "shape", "dtype", "bytes"],
                 [[r["made_by"], "x".join(map(str, r["shape"])), r["dtype"], f"{r['bytes']:,}"]
                  for r in act["rows"]])
-    print(f"saved activations per device: {act['how']} = {act['total']:,} B")
+    print(f"saved activations of the blocks per device: {act['how']} = {act['total']:,} B "
+          f"(not traced: {'; '.join(act['left_out'])})")
     if "refused" in ins:
         print(f"the compiler refuses the step: {ins['refused']}")
         return
