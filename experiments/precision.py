@@ -34,6 +34,7 @@ from jaxscale.training.config import TrainConfig
 from jaxscale.training.reference import init_run
 from jaxscale.model import config as model_config
 from jaxscale.model import formats
+from jaxscale.model.optim_states import moment_bytes, states_in
 from jaxscale.parallel import step as steplib
 
 BATCH = 8  # documents per step: small, to fit the 60 s budget with 4 policies x 400 steps
@@ -266,12 +267,15 @@ def part_d(lab: Lab, out: Path, steps: int = 150) -> dict:
 
 def part_e(lab: Lab, out: Path) -> dict:
     rows = []
-    for name, pol in P.POLICIES.items():
-        state = steplib.init_state(lab.params0, optim.adam(1e-3), pol)
+    recipes = [(name, pol, "fp32") for name, pol in P.POLICIES.items()]
+    recipes.append(("bf16, bf16 moments", P.POLICIES["bf16"], "bf16"))  # optim_states
+    for name, pol, moments in recipes:
+        state = steplib.init_state(lab.params0, states_in(moments, optim.adam(1e-3)), pol)
         grads = jax.eval_shape(jax.grad(lambda p: loss_fn(lab.graphdef, p, jax.tree.map(
             lambda x: x[0], lab.batches))), state.params)
         measured = steplib.state_bytes_per_param(state, grads, lab.n_params)
-        closed = pol.bytes_per_param()
+        closed = pol.bytes_per_param(moment_bytes=moment_bytes(moments) if moments != "fp32"
+                                     else None)
         rows.append({"policy": name, **{k: measured[k] for k in ("params", "grads", "master",
                                                                   "optimizer")},
                      "total_measured": sum(measured.values()), "total_closed_form": sum(closed.values()),

@@ -13,6 +13,7 @@ from jaxscale.cli.main import _number
 from jaxscale.cli.paths import output_dir
 from jaxscale.cli.model_arg import FILE_HELP, model_arg
 from jaxscale.model.config import CPU_PRESETS, PRESETS
+from jaxscale.model.optim_states import STATE_DTYPES
 from jaxscale.model.precision import POLICIES, POLICY_HELP
 from jaxscale.model.transformer import REMAT_POLICIES
 from jaxscale.parallel.schedules import SCHEDULES
@@ -48,6 +49,11 @@ def _model_and_optimizer(t, d) -> None:
                    help=f"training steps (default {d.steps})")
     t.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS, metavar="NAME",
                    help=f"one of {', '.join(OPTIMIZERS)} (default {d.optimizer})")
+    t.add_argument("--optimizer-state-dtype", default=d.optimizer_state_dtype,
+                   choices=list(STATE_DTYPES), metavar="DTYPE",
+                   help="the optimizer's moments in fp32 or bf16 (MaxText's mu_dtype; with a "
+                        "16-bit precision policy the master weights stay fp32; default "
+                        f"{d.optimizer_state_dtype})")
     t.add_argument("--lr", type=_number(float, 0, exclusive=True), default=d.lr,
                    help=f"peak learning rate (default {d.lr:g})")
     t.add_argument("--lr-schedule", default=d.lr_schedule, choices=LR_SCHEDULES,

@@ -83,7 +83,7 @@ def _held(cfg, plan, per_layer: int, stage_input: int) -> dict:
     chunk = cfg.n_layers // (plan.pp * plan.virtual)
     waiting = 2 * t.wslots * (chunk + 1)  # h_l and g_l at each boundary, per waiting W
     total = (t.slots + t.gslots + waiting) * stage_input + per_layer * chunk
-    how = (f"{t.slots} stage inputs + {t.gslots} gradients"
+    how = (f"{t.slots} stage-input and {t.gslots} gradient slots"
            + (f" + {waiting} boundary values waiting for W" if waiting else "")
            + f" x {stage_input:,} B + one chunk's backward ({chunk} layers x {per_layer:,} B)")
     return {"total": total, "how": how}

@@ -34,12 +34,15 @@ class Policy:
     def compute_dtype(self):
         return dtype_of(self.param_dtype)
 
-    def bytes_per_param(self, optimizer_moments: int = 2) -> dict[str, int]:
-        """Closed form: working params + gradients + master + optimizer moments (Adam: 2)."""
+    def bytes_per_param(self, optimizer_moments: int = 2,
+                        moment_bytes: int | None = None) -> dict[str, int]:
+        """Closed form: working params + gradients + master + optimizer moments (Adam: 2),
+        each moment `moment_bytes` (default: as the updated copy, fp32 with a master;
+        2 for moments kept in bf16, jaxscale.model.optim_states)."""
         w = self.compute_dtype.itemsize
         state = 4 if self.master_weights else w  # the moments live with the updated copy
         return {"params": w, "grads": w, "master": 4 if self.master_weights else 0,
-                "optimizer": optimizer_moments * state}
+                "optimizer": optimizer_moments * (moment_bytes or state)}
 
 
 POLICIES = {

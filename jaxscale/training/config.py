@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import optax
 
 from jaxscale.model import config as model_config, optim, precision
+from jaxscale.model.optim_states import STATE_DTYPES, states_in
 from jaxscale.parallel.hybrid import check_divisible
 from jaxscale.parallel.plan import Plan
 from jaxscale.training import spikes
@@ -35,6 +36,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 100
     precision: str = "fp32"  # a policy of jaxscale.model.precision: fp32, bf16, fp16, bf16-pure
+    optimizer_state_dtype: str = "fp32"  # fp32, or bf16: the optimizer's moments in bfloat16
     mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
     remat: str = "none"  # activation recomputation: none, full, matmuls, selective
@@ -81,6 +83,8 @@ class TrainConfig:
             (self.n_val_docs >= 1, f"n_val_docs must be >= 1, got {self.n_val_docs}"),
             (self.precision in precision.POLICIES, f"unknown precision policy "
              f"{self.precision!r}; choose from {', '.join(precision.POLICIES)}"),
+            (self.optimizer_state_dtype in STATE_DTYPES, "unknown optimizer state dtype "
+             f"{self.optimizer_state_dtype!r}; choose from {', '.join(STATE_DTYPES)}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -122,8 +126,11 @@ def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
 TRAIN_HYPERPARAMETERS = {"adamw": {"b2": 0.95, "weight_decay": 0.1}}
 
 
-def make_optimizer(name: str, learning_rate) -> optax.GradientTransformation:
-    """A hand-written optimizer from jaxscale.model.optim (bit-identical to its optax twin)."""
+def make_optimizer(name: str, learning_rate, state_dtype: str = "fp32"
+                   ) -> optax.GradientTransformation:
+    """A hand-written optimizer from jaxscale.model.optim (bit-identical to its optax twin),
+    its state kept in `state_dtype` (jaxscale.model.optim_states)."""
     if name not in OPTIMIZERS:
         raise TrainConfigError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
-    return optim.make(name, learning_rate, **TRAIN_HYPERPARAMETERS.get(name, {}))
+    return states_in(state_dtype, optim.make(name, learning_rate,
+                                             **TRAIN_HYPERPARAMETERS.get(name, {})))

@@ -64,5 +64,5 @@ def init_run(cfg: TrainConfig):
     model = modellib.build(mcfg, seed=cfg.seed, attention=kernel, unroll=cfg.unroll)
     graphdef, state = nnx.split(model, nnx.Param)
     params = nnx.to_pure_dict(state)  # a plain nested dict of arrays; nnx.merge accepts it
-    optimizer = make_optimizer(cfg.optimizer, lr_schedule(cfg))
+    optimizer = make_optimizer(cfg.optimizer, lr_schedule(cfg), cfg.optimizer_state_dtype)
     return graphdef, params, optimizer

@@ -189,3 +189,15 @@ def test_compilation_cache_keeps_a_dir_already_chosen(monkeypatch, tmp_path):
     monkeypatch.setenv("JAXSCALE_CACHE_DIR", "off")
     enable_compilation_cache()
     assert jax.config.jax_compilation_cache_dir == str(CACHE)
+
+
+def test_the_precision_options_reach_the_train_config():
+    """A flag parsed but dropped on the way to the TrainConfig would train something else
+    (it happened: --optimizer-state-dtype was parsed and written to config.toml, and the
+    run kept fp32 moments)."""
+    from jaxscale.cli.commands.train import _config
+    from jaxscale.cli.main import build_parser
+    args = build_parser().parse_args(["train", "--optimizer-state-dtype", "bf16",
+                                      "--precision", "fp8", "--optimizer", "adam"])
+    cfg = _config(args)
+    assert (cfg.optimizer_state_dtype, cfg.precision, cfg.optimizer) == ("bf16", "fp8", "adam")

@@ -148,7 +148,7 @@ def test_bytes_per_parameter_of_the_real_state(name, total):
 
 
 def test_unknown_policy_and_format():
-    with pytest.raises(formats.PrecisionError, match="unknown precision policy 'fp8'.*bf16-pure"):
-        P.policy("fp8")
+    with pytest.raises(formats.PrecisionError, match="unknown precision policy 'fp4'.*bf16-pure, fp8"):
+        P.policy("fp4")
     with pytest.raises(formats.PrecisionError, match="unknown format 'int4'"):
         formats.classify([1.0], "int4")

@@ -50,8 +50,10 @@ def _where(source: str) -> str:
 
 
 def _op(name: str) -> str:
-    """jax's op_name without the outer jit(step)/shard_map and a while loop's wrappers."""
-    return re.sub(r"^jit\(\w+\)/(shard_map/)?", "", name) or "-"
+    """jax's op_name, its last three scopes (the JSON keeps it whole): transpose(jvp(...))
+    says backward, a named scope the layer."""
+    parts = re.sub(r"^jit\(\w+\)/(shard_map/)?", "", name).split("/")
+    return ("…/" if len(parts) > 3 else "") + "/".join(parts[-3:]) if name else "-"
 
 
 def inside(run: dict) -> None:

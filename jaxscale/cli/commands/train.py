@@ -95,6 +95,7 @@ def _config(args):
                       batch_size=args.batch_size, seed=args.seed, eval_every=args.eval_every,
                       n_train_docs=args.train_docs,
                       stop_gap=args.stop_gap, precision=args.precision,
+                      optimizer_state_dtype=args.optimizer_state_dtype,
                       mesh=args.mesh or "dp=1", micro_batches=args.micro_batches or 1,
                       remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
                       sequence_parallel=args.sequence_parallel,

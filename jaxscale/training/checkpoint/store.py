@@ -22,7 +22,9 @@ from pathlib import Path
 FORMAT = 1
 # TrainConfig fields a resumed run must share with the checkpoint (the plan's may differ)
 MUST_MATCH = ("model", "optimizer", "lr", "lr_schedule", "warmup", "steps", "batch_size",
-              "seed", "precision", "n_train_docs", "n_val_docs")
+              "seed", "precision", "optimizer_state_dtype", "n_train_docs", "n_val_docs")
+# fields added after checkpoints were written without them: what those runs had
+BEFORE = {"optimizer_state_dtype": "fp32"}
 NO_FLAG = ("n_train_docs", "n_val_docs")  # set only through the Python API (TrainConfig)
 TMP_MARK = ".orbax-checkpoint-tmp"
 MANIFEST = "jaxscale-files.json"
@@ -47,7 +49,7 @@ def check_compatible(meta: dict, config: dict, accept_lr_change: bool, where) ->
     for field in MUST_MATCH:
         if field == "lr" and accept_lr_change:
             continue
-        if saved.get(field) != config.get(field):
+        if saved.get(field, BEFORE.get(field)) != config.get(field, BEFORE.get(field)):
             fix = (f"set TrainConfig.{field}={saved.get(field)!r}" if field in NO_FLAG else
                    f"use --{field.replace('_', '-')} {saved.get(field)}")
             hint = (" (or pass --accept-lr-change to continue with the new one)"
