@@ -1,4 +1,4 @@
-"""FP8 matrix multiplies with per-tensor current scaling: the `fp8` precision policy.
+"""FP8 matrix multiplies with current scaling: the `fp8` and `fp8-block` precision policies.
 
 An 8-bit float holds few values: E4M3 (4 exponent bits, 3 mantissa bits) reaches 448 with
 steps of 1/8 near 1, E5M2 reaches 57,344 with steps of 1/4. So a tensor is scaled into
@@ -8,10 +8,17 @@ the format's range before the cast, and the product is scaled back:
     y   = (x8 @ W8) / (s_x s_W)    accumulated in fp32, returned in the compute dtype
 
 with amax(x) = max |x| over this step's tensor ("current" scaling; Transformer Engine's
-delayed scaling takes it from a history of earlier steps instead). Forward operands are
+delayed scaling takes it from a history of earlier steps instead). One large value then
+sets the scale of the whole tensor, and the rest may fall below E4M3's smallest steps:
+`fp8-block` (DeepSeek-V3's fine-grained recipe) keeps a scale per tile instead, 1 x 128
+along the contracted axis for activations and gradients, 128 x 128 for weights (`blocks`),
+so an outlier costs only its own tile. Forward operands are
 E4M3 (precision), gradients E5M2 (range): backward quantises dy the same way and computes
-dx = dy8 @ W8^T and dW = x8^T @ dy8 from the FP8 copies the forward kept, which are what
-the layer saves for backward (one byte per element instead of two).
+dx = dy8 @ W8^T and dW = x8^T @ dy8 from the FP8 copies the forward kept. Those copies are
+what the product saves for backward, but not all a block saves: where another operation
+needs the bf16 value too (the norm's backward, the attention kernel), it stays as well.
+Measured with `jaxscale explain` on small (dp=2, 4 rows a device): a layer keeps 7.43 MB
+under fp8 against 6.97 MB under bf16; the FP8 win here is the arithmetic, not the memory.
 
 Where a layout splits one tensor's elements over devices (tp: a weight's heads or units, an
 activation's heads), every device of the split must scale it alike, or the devices would
@@ -41,7 +48,8 @@ LARGEST = {E4M3: 448.0, E5M2: 57344.0}
 # names it): the amax is a max over it where the value varies over it (dp and cp split rows
 # and tokens, which each device scales on its own; pp splits the layer stack)
 SPLIT = ("tp",)
-RECIPES = ("native", "fp8")
+RECIPES = ("native", "fp8", "fp8-block")
+BLOCK = 128  # fp8-block's tile: DeepSeek-V3's 1 x 128 activations, 128 x 128 weights
 
 
 def _varying(x) -> tuple[str, ...]:
@@ -56,45 +64,112 @@ def amax(x) -> jax.Array:
     return lax.pmax(local, axes) if axes else local
 
 
-def quantize(x, fmt) -> tuple[jax.Array, jax.Array]:
-    """(x scaled into fmt's range and cast to it, the scale): x ~ q / scale. A zero tensor
-    keeps scale 1; values beyond the range after rounding saturate at +-LARGEST."""
-    a = amax(x)
+def quantize(x, fmt, tiles: dict | None = None) -> tuple[jax.Array, jax.Array]:
+    """(x scaled into fmt's range and cast to it, the scale): x ~ q / scale. One scale for
+    the tensor, or with `tiles` ({axis: tile length}) one per tile (`blocks`). A zero tensor
+    or tile keeps scale 1; values beyond the range after rounding saturate at +-LARGEST."""
+    if tiles:
+        shape, keep = _tiled(x.shape, tiles)
+        x32 = x.astype(jnp.float32).reshape(shape)
+        a = jnp.max(jnp.abs(x32), axis=keep, keepdims=True)  # per tile, on this device
+    else:
+        x32, a = x.astype(jnp.float32), amax(x)
     scale = jnp.where(a > 0, LARGEST[fmt] / jnp.maximum(a, 1e-30), 1.0)
-    scaled = jnp.clip(x.astype(jnp.float32) * scale, -LARGEST[fmt], LARGEST[fmt])
-    return scaled.astype(fmt), scale
+    q = jnp.clip(x32 * scale, -LARGEST[fmt], LARGEST[fmt]).astype(fmt)
+    return q.reshape(x.shape), scale
 
 
-def _product(spec, a8, sa, b8, sb, dtype):
-    """The einsum of two scaled FP8 operands, accumulated in fp32, rescaled, in `dtype`."""
-    y = jnp.einsum(spec, a8.astype(jnp.float32), b8.astype(jnp.float32),
-                   preferred_element_type=jnp.float32)
-    return (y / (sa * sb)).astype(dtype)
+def dequantize(q, scale, tiles: dict | None = None) -> jax.Array:
+    """q / scale in fp32, for one scale or one per tile (the `tiles` q was quantized with)."""
+    if not tiles:
+        return q.astype(jnp.float32) / scale
+    return (q.astype(jnp.float32).reshape(_tiled(q.shape, tiles)[0]) / scale).reshape(q.shape)
 
 
-def einsum(spec: str, a, b):
+def _tiled(shape, tiles: dict) -> tuple[tuple, tuple]:
+    """`shape` with each tiled axis split into (tiles, tile length), and the positions of
+    the tile-length axes (what a tile's amax reduces over)."""
+    out, keep = [], []
+    for axis, n in enumerate(shape):
+        if axis in tiles:
+            out += [n // tiles[axis], tiles[axis]]
+            keep.append(len(out) - 1)
+        else:
+            out.append(n)
+    return tuple(out), tuple(keep)
+
+
+def blocks(spec: str, shapes, block: int) -> tuple[dict, dict, dict]:
+    """The tiles of `fp8-block` (DeepSeek-V3's recipe) for einsum `spec` on operands of
+    `shapes`: the activation in 1 x block tiles along its last contracted axis, the weight
+    in block x block tiles (its first contracted axis by its last output axis), the incoming
+    gradient in 1 x block tiles along its last axis. A dimension shorter than the block is
+    one tile; a longer one must be a multiple of it (ValueError naming the operand)."""
+    ins, out = spec.split("->")
+    a, b = ins.split(",")
+    contracted = [c for c in a if c in b and c not in out]
+    wanted = ({a.index(contracted[-1])},
+              {b.index(contracted[0]), max(i for i, c in enumerate(b) if c in out)},
+              {len(out) - 1})
+    operand_shapes = (shapes[0], shapes[1], _out_shape(spec, *shapes))
+    return tuple(_fit(name, shape, axes, block) for name, shape, axes in
+                 zip(("activation", "weight", "gradient"), operand_shapes, wanted))
+
+
+def _out_shape(spec, sa, sb) -> tuple:
+    ins, out = spec.split("->")
+    size = dict(zip(ins.split(",")[0], sa)) | dict(zip(ins.split(",")[1], sb))
+    return tuple(size[c] for c in out)
+
+
+def _fit(name: str, shape, axes, block: int) -> dict:
+    tiles = {}
+    for axis in sorted(axes):
+        n = shape[axis]
+        if n > block and n % block:
+            raise ValueError(f"fp8-block: the {name}'s axis {axis} of {n} (shape "
+                             f"{tuple(shape)}) is not a multiple of the block of {block}")
+        tiles[axis] = min(n, block)
+    return tiles
+
+
+def check_tiles(dims: dict[str, int], block: int = BLOCK) -> None:
+    """ValueError naming the first of a model's `dims` (name: length on one device) that
+    fp8-block cannot tile: longer than the block and not a multiple of it."""
+    for name, n in dims.items():
+        if n > block and n % block:
+            raise ValueError(f"fp8-block tiles by {block}: {name} = {n} is not a multiple of "
+                             f"it (a dimension shorter than the block is one tile)")
+
+
+def einsum(spec: str, a, b, block: int = 0):
     """jnp.einsum(spec, a, b) with both operands in E4M3 and the incoming gradient in E5M2
-    (module docstring); a and b: activations and weights in the compute dtype."""
-    return _einsum(spec, jnp.dtype(a.dtype), jnp.dtype(b.dtype), a, b)
+    (module docstring); a and b: activations and weights in the compute dtype. `block` > 0:
+    scales per tile (`blocks`) instead of per tensor."""
+    return _einsum(spec, jnp.dtype(a.dtype), jnp.dtype(b.dtype), block, a, b)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _einsum(spec, a_dtype, b_dtype, a, b):
-    return _forward(spec, a_dtype, b_dtype, a, b)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _einsum(spec, a_dtype, b_dtype, block, a, b):
+    return _forward(spec, a_dtype, b_dtype, block, a, b)[0]
 
 
-def _forward(spec, a_dtype, b_dtype, a, b):
-    (a8, sa), (b8, sb) = quantize(a, E4M3), quantize(b, E4M3)
-    return _product(spec, a8, sa, b8, sb, a_dtype), (a8, sa, b8, sb)
+def _forward(spec, a_dtype, b_dtype, block, a, b):
+    ta, tb, _ = blocks(spec, (a.shape, b.shape), block) if block else (None, None, None)
+    (a8, sa), (b8, sb) = quantize(a, E4M3, ta), quantize(b, E4M3, tb)
+    y = jnp.einsum(spec, dequantize(a8, sa, ta), dequantize(b8, sb, tb),
+                   preferred_element_type=jnp.float32)  # fp32 accumulation
+    return y.astype(a_dtype), (a8, sa, b8, sb)
 
 
-def _backward(spec, a_dtype, b_dtype, saved, dy):
+def _backward(spec, a_dtype, b_dtype, block, saved, dy):
     a8, sa, b8, sb = saved
-    g8, sg = quantize(dy, E5M2)
-    a, b = a8.astype(jnp.float32) / sa, b8.astype(jnp.float32) / sb
+    ta, tb, tg = blocks(spec, (a8.shape, b8.shape), block) if block else (None,) * 3
+    g8, sg = quantize(dy, E5M2, tg)
     _, pull = jax.vjp(lambda a, b: jnp.einsum(spec, a, b,
-                                              preferred_element_type=jnp.float32), a, b)
-    da, db = pull(g8.astype(jnp.float32) / sg)
+                                              preferred_element_type=jnp.float32),
+                      dequantize(a8, sa, ta), dequantize(b8, sb, tb))
+    da, db = pull(dequantize(g8, sg, tg))
     return _like(da, a8, a_dtype), _like(db, b8, b_dtype)
 
 
@@ -115,8 +190,10 @@ _einsum.defvjp(_forward, _backward)
 
 
 def matmul(recipe: str):
-    """The einsum a block multiplies with under `recipe`: jnp.einsum ("native") or the
-    FP8 one."""
+    """The einsum a block multiplies with under `recipe`: jnp.einsum ("native"), the FP8
+    one with a scale per tensor ("fp8"), or per tile of BLOCK ("fp8-block")."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown matmul recipe {recipe!r}; choose from {', '.join(RECIPES)}")
-    return jnp.einsum if recipe == "native" else einsum
+    if recipe == "native":
+        return jnp.einsum
+    return partial(einsum, block=BLOCK if recipe == "fp8-block" else 0)

@@ -51,6 +51,7 @@ POLICIES = {
     "fp16": Policy("fp16", "float16", master_weights=True, loss_scale="dynamic"),
     "bf16-pure": Policy("bf16-pure", "bfloat16", master_weights=False),
     "fp8": Policy("fp8", "bfloat16", master_weights=True, matmul="fp8"),
+    "fp8-block": Policy("fp8-block", "bfloat16", master_weights=True, matmul="fp8-block"),
 }
 POLICY_HELP = {
     "fp32": "everything in float32 (the reference)",
@@ -59,6 +60,8 @@ POLICY_HELP = {
     "bf16-pure": "bfloat16 everywhere, optimizer state included; no master weights",
     "fp8": "bf16, with the blocks' matrix multiplies in FP8 (E4M3 forward, E5M2 gradients, "
            "per-tensor current scaling)",
+    "fp8-block": "fp8 with a scale per tile (DeepSeek-V3: 1x128 activations and gradients, "
+                 "128x128 weights)",
 }
 
 

@@ -33,7 +33,7 @@ import optax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.model import precision, transformer as modellib
+from jaxscale.model import fp8, precision, transformer as modellib
 from jaxscale.model.config import ModelConfig
 from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel import context, step as steplib
@@ -103,6 +103,13 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
         try:
             context.check_layout(cfg.seq_len, plan.cp)
         except context.ContextError as e:
+            raise PlanError(str(e)) from None
+    if plan.family(cfg).matmul == "fp8-block":  # every product's tiles, on one device
+        try:
+            fp8.check_tiles({"d_model": cfg.d_model, "head_dim": cfg.head_dim,
+                             "heads per device": cfg.n_heads // plan.tp,
+                             "d_ff per device": cfg.d_ff // plan.tp})
+        except ValueError as e:
             raise PlanError(str(e)) from None
     if plan.sequence_parallel and (cfg.seq_len // plan.cp) % plan.tp:
         raise PlanError(f"sequence parallelism splits each device's {cfg.seq_len // plan.cp} "

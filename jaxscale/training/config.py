@@ -95,8 +95,7 @@ class TrainConfig:
         except spikes.SpikeError as e:
             raise TrainConfigError(str(e)) from None
         plan = self.plan()
-        if plan.tp > 1 or plan.pp > 1:
-            check_divisible(model_config.preset(self.model), plan)
+        check_divisible(model_config.preset(self.model), plan)  # (and fp8-block's tiles)
 
     def check_platform(self, platform: str) -> None:
         """Refuse to train a GPU/TPU-sized preset on CPU devices (before anything is built)."""

@@ -95,3 +95,58 @@ def _loss(precision: str) -> float:
 def test_an_unknown_recipe_is_named():
     with pytest.raises(ValueError, match="fp9"):
         fp8.matmul("fp9")
+
+
+def test_block_scales_are_per_tile_and_ml_dtypes_casts():
+    """fp8-block: a scale per 1 x 128 tile of the activation, each tile cast as ml_dtypes
+    casts it; the tiles the recipe picks for the block's four products."""
+    x = np.asarray(jax.random.normal(KEY, (2, 3, 256))) * np.array([1.0, 50.0])[None, None,
+                                                                              :].repeat(128, -1)
+    q, scale = fp8.quantize(jnp.asarray(x), fp8.E4M3, {2: 128})
+    assert scale.shape == (2, 3, 2, 1)
+    tiles = x.reshape(2, 3, 2, 128)
+    s = (448.0 / np.abs(tiles).max(-1, keepdims=True)).astype(np.float32)
+    expected = (tiles * s).clip(-448, 448).astype(ml_dtypes.float8_e4m3fn).reshape(x.shape)
+    assert np.array_equal(np.asarray(q).view(np.uint8), expected.view(np.uint8))
+    back = fp8.dequantize(q, scale, {2: 128})
+    assert back.shape == x.shape and float(jnp.max(jnp.abs(back - x) / jnp.abs(x))) <= 2 ** -4
+    assert fp8.blocks("btd,dhk->bthk", ((4, 16, 256), (256, 8, 32)), 128) == \
+        ({2: 128}, {0: 128, 2: 32}, {3: 32})
+    assert fp8.blocks("btf,fd->btd", ((4, 16, 1024), (1024, 256)), 128) == \
+        ({2: 128}, {0: 128, 1: 128}, {2: 128})
+
+
+def test_an_outlier_row_costs_per_tensor_scaling_the_whole_tensor_and_block_scaling_a_tile():
+    """One token 10^6 times larger than the rest: with one scale for the tensor, the other
+    tokens fall below E4M3's smallest subnormal (2^-9) and flush to zero; with a scale per
+    1 x 128 tile they keep E4M3's precision (within 2^-4 of the largest)."""
+    x = jax.random.normal(KEY, (1, 8, 256)).at[0, 0].multiply(1e6)
+    w = jnp.eye(256)[:, None, :]  # [d, 1, d]: the product returns x itself, quantised
+    rest = lambda y: y[0, 1:, 0]  # noqa: E731 - every token but the outlier
+    errors = {block: float(jnp.max(jnp.abs(rest(fp8.einsum("btd,dhk->bthk", x, w, block))
+                                          - x[0, 1:])) / jnp.max(jnp.abs(x[0, 1:])))
+              for block in (0, 128)}
+    assert errors[128] <= 2 ** -4 and errors[0] >= 0.5, errors
+
+
+def test_a_block_that_does_not_divide_names_the_tensor():
+    with pytest.raises(ValueError, match="activation's axis 2 of 200"):
+        fp8.blocks("btd,df->btf", ((2, 3, 200), (200, 64)), 128)
+
+
+def test_block_layouts_follow_the_single_device(devices):
+    _, loss, *_ = one_step("tiny8", precision="fp8-block", dp=2, tp=2)
+    single = one_step("tiny8", precision="fp8-block")[1]
+    assert abs(loss - single) / single <= 1e-4 and loss != _loss("fp8")
+
+
+def test_a_model_fp8_block_cannot_tile_is_refused_before_anything_compiles(fail, tmp_path):
+    import json
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 128, "max_position_embeddings": 64,
+        "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "intermediate_size": 200, "tie_word_embeddings": False}))
+    for argv in (["train", "--steps", "2"], ["compare", "--strategies", "dp"]):
+        err = fail(*argv, "--model", str(config), "--precision", "fp8-block")
+        assert "d_ff per device = 200" in err and "128" in err
