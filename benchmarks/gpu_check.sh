@@ -24,6 +24,9 @@
 #                    process per batch (an out-of-memory batch loses only its own rows;
 #                    each row's memory is XLA's analysis of its own program). If mid
 #                    fails, once more with --attention xla.
+#   bench-mid-scan-b16-fp8, -fp8-block
+#                    the same bench, remat none, under the fp8 policies (gpu only): the
+#                    blocks' products through FP8 where XLA rewrites them into FP8 GEMMs
 #   profile-mid-b16  the same bench, remat none (its compile is a cache load), --steps 5
 #                    under --profile: the top ops land in the JSON
 #   train-mid        jaxscale train --model mid bf16, batch 8, at most 200 steps, lr 1e-3,
@@ -238,6 +241,13 @@ if [[ $(tail -n 1 "$WORK/steps.tsv" | cut -f3) == failed ]]; then  # the attenti
     bench "bench-$MID-scan-b$MID_HEAD-xla" "$T_SCAN" "$MID" "$MID_HEAD" --attention xla
 fi
 bench "bench-$BIG-scan-b$BIG_HEAD" "$T_SCAN" "$BIG" "$BIG_HEAD"
+if [[ $PLATFORM == gpu ]]; then  # the fp8 policies beside bf16 (the dry run: covered by tests)
+    for p in fp8 fp8-block; do
+        step "bench-$MID-scan-b$MID_HEAD-$p" bench "$T_SCAN" "${JAXSCALE[@]}" bench \
+            --platform gpu --model "$MID" --batch "$MID_HEAD" --remat none --precision "$p" \
+            "${BENCH_STEPS[@]}" --json
+    done
+fi
 step "profile-$MID-b$MID_HEAD" profile "$T_PROFILE" "${JAXSCALE[@]}" bench \
     --platform "$PLATFORM" --model "$MID" --batch "$MID_HEAD" --remat none \
     "${PRECISION[@]}" "${PROFILE_STEPS[@]}" --profile "$WORK/profile" --json

@@ -139,3 +139,11 @@ def test_the_datasheet_column_follows_the_compute_dtype_and_the_platform():
     assert bench.peak_dtype(jnp.float32, "cpu") == "float32"
     assert bench.peak_dtype(jnp.bfloat16, "gpu") == "bfloat16"
     assert hardware.datasheet_peak("NVIDIA H200", bench.peak_dtype(jnp.bfloat16, "gpu")) == 989e12
+
+
+def test_an_fp8_bench_on_the_cpu_says_it_is_an_emulation(cli):
+    out = cli("bench", "--model", "tiny", "--batch", "4", "--steps", "1", "--warmup", "0",
+              "--precision", "fp8", "--json")
+    assert out["rows"] and "emulated on the CPU" in out["fp8"]
+    assert cli("bench", "--model", "tiny", "--batch", "4", "--steps", "1", "--warmup", "0",
+               "--json")["fp8"] is None

@@ -112,7 +112,8 @@ def run(args) -> int:
               "matmul_peak": peak.as_dict(),
               "datasheet_peak": first and first.datasheet_peak,
               "convention": first and first.flops.convention,
-              "rows": [r.to_json() for r in rows], "failed": failed, "jax": jax.__version__}
+              "rows": [r.to_json() for r in rows], "failed": failed, "jax": jax.__version__,
+              "fp8": _fp8_note(precision, device.platform)}
     if args.json:
         print(json.dumps(result))
         return EXIT_FAILED if failed else 0
@@ -127,6 +128,8 @@ def run(args) -> int:
           + (f"{result['datasheet_peak'] / 1e12:.4g} TFLOP/s ({rows[0].compute_dtype})"
              if result["datasheet_peak"] else "peak unknown for this device"))
     print(f"model FLOPs/token {f.total:,} ({f.total_causal:,} causal): {f.convention}")
+    if result["fp8"]:
+        print(f"{precision}: {result['fp8']}")
     print_table(f"jaxscale bench: {args.model}, {precision}, attention {attention}, layers "
                 f"{'unrolled' if args.unroll else 'scanned'}",
                 ["batch", "remat", "compile s", "step ms", "tokens/s", "TFLOP/s",
@@ -157,3 +160,15 @@ def _label(c) -> str:
 
 def _pct(x):
     return "-" if x is None else f"{x:.1%}"
+
+
+def _fp8_note(precision: str, platform: str) -> str | None:
+    """What an fp8 row measures here: on a CPU the casts are computed and the products are
+    fp32 (an emulation: no speed figure for FP8); elsewhere XLA may use FP8 GEMMs; MFU is
+    against the bf16 peak either way."""
+    if not precision.startswith("fp8"):
+        return None
+    return ("emulated on the CPU: the FP8 casts are computed, the products are fp32 (numerics, "
+            "not speed); MFU against the bf16 peak" if platform == "cpu" else
+            "the products in FP8 where XLA rewrites them into FP8 GEMMs; MFU against the bf16 "
+            "peak (FP8's datasheet peak is twice it)")
