@@ -146,7 +146,7 @@ def test_mean_of_shard_means_is_wrong_when_token_counts_differ(devices):
     (Plan(micro_batches=0), {}, "micro_batches must be a positive integer, got 0"),
     (Plan(zero_stage=5), {}, "zero_stage must be 0, 1, 2 or 3, got 5"),
     (Plan(schedule="zigzag"), {}, "unknown pipeline schedule 'zigzag'"),
-    (Plan(precision="fp8"), {}, "unknown precision policy 'fp8'"),
+    (Plan(precision="fp4"), {}, "unknown precision policy 'fp4'"),
     (Plan(pp=2, micro_batches=2, schedule="interleaved"), {}, "interleaved needs"),
 ])
 def test_plan_validation(plan, kwargs, message):
