@@ -8,7 +8,9 @@ Two measurements, each through the command a user runs:
   training     `jaxscale train --model small` for 40 steps (lr 1e-3, warmup 5, batch 16)
                in bf16, fp8, fp8-block, and bf16 with bf16 moments: the validation loss
                against bf16's (targets: fp8 policies within 3%, bf16 moments within 1%),
-               and the wall time (CPU: FP8 is emulated, its time is no speed figure)
+               and the wall time (CPU: FP8 is emulated, its time is no speed figure).
+               Validation computes in fp32 with native products, whatever the policy: it
+               measures the weights the policy trained
 
     python benchmarks/fp8.py [--parts strategies,training]
 

@@ -25,8 +25,9 @@
 #                    each row's memory is XLA's analysis of its own program). If mid
 #                    fails, once more with --attention xla.
 #   bench-mid-scan-b16-fp8, -fp8-block
-#                    the same bench, remat none, under the fp8 policies (gpu only): the
-#                    blocks' products through FP8 where XLA rewrites them into FP8 GEMMs
+#                    the same bench, remat none, under the fp8 policies (gpu only): fp8's
+#                    products in FP8 where XLA rewrites them into FP8 GEMMs; fp8-block is
+#                    an emulation (no per-tile kernel): its numerics, not its speed
 #   profile-mid-b16  the same bench, remat none (its compile is a cache load), --steps 5
 #                    under --profile: the top ops land in the JSON
 #   train-mid        jaxscale train --model mid bf16, batch 8, at most 200 steps, lr 1e-3,

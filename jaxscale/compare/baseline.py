@@ -48,9 +48,10 @@ def load(path, job: dict) -> dict:
         raise BaselineError(f"the baseline {str(path)!r} ran on {ran_on}, this run runs on "
                             f"{job['platform']}: compare like with like")
     single = next((r.get("plan") or {} for r in base["rows"] if r.get("name") == "single"), {})
-    if job.get("precision") and single.get("precision", job["precision"]) != job["precision"]:
+    if job.get("precision") and single.get("precision", "fp32") != job["precision"]:
         raise BaselineError(f"the baseline {str(path)!r} ran in precision "
-                            f"{single['precision']!r}, this run in {job['precision']!r}: "
+                            f"{single.get('precision', 'fp32')!r}, this run in "
+                            f"{job['precision']!r}: "
                             "compare like with like")
     for field in SAME_JOB:
         if base.get(field) != job.get(field):

@@ -99,7 +99,7 @@ class Family:
     rope_scaling: tuple = ()
     norm_eps: float = 1e-5
     kv_heads: int = 0
-    matmul: str = "native"  # or "fp8": the precision policy's (jaxscale.model.fp8)
+    matmul: str = "native"  # or "fp8", "fp8-block": the policy's (jaxscale.model.fp8)
 
 
 GPT2 = Family()  # the garden presets': LayerNorm, GELU, learned positions, multi-head

@@ -31,8 +31,12 @@ all-reduces are in flight at once on a device ("id < num_threads"): a max over d
 activation and gradient puts several in flight (the backward's dq, dk and dv at least).
 
 On a CPU the casts and products are computed for real (the numerics, not the speed): XLA
-converts to float8_e4m3fn / float8_e5m2 and back. On an H100 or H200 XLA rewrites this
-dequantise-then-dot pattern into an FP8 GEMM (cuBLASLt) where it supports it.
+converts to float8_e4m3fn / float8_e5m2 and back, and multiplies the dequantised operands in
+fp32. On an H100 or H200 XLA can rewrite the per-tensor pattern (convert, scale, dot) into
+an FP8 GEMM (cuBLASLt); what it does not rewrite runs as that fp32 product, and fp8-block's
+per-tile scales are never rewritten: it is an emulation on every platform, as
+DeepSeek-V3's recipe needs its own kernels. With a scale per tile E4M3's range suffices,
+so fp8-block keeps gradients in E4M3 too, as DeepSeek-V3 does.
 """
 from __future__ import annotations
 
@@ -102,14 +106,15 @@ def _tiled(shape, tiles: dict) -> tuple[tuple, tuple]:
 def blocks(spec: str, shapes, block: int) -> tuple[dict, dict, dict]:
     """The tiles of `fp8-block` (DeepSeek-V3's recipe) for einsum `spec` on operands of
     `shapes`: the activation in 1 x block tiles along its last contracted axis, the weight
-    in block x block tiles (its first contracted axis by its last output axis), the incoming
-    gradient in 1 x block tiles along its last axis. A dimension shorter than the block is
+    in block x block tiles (that same contracted axis by its last output axis: a weight's
+    scale never changes inside an activation tile), the incoming gradient in 1 x block
+    tiles along its last axis. A dimension shorter than the block is
     one tile; a longer one must be a multiple of it (ValueError naming the operand)."""
     ins, out = spec.split("->")
     a, b = ins.split(",")
     contracted = [c for c in a if c in b and c not in out]
     wanted = ({a.index(contracted[-1])},
-              {b.index(contracted[0]), max(i for i, c in enumerate(b) if c in out)},
+              {b.index(contracted[-1]), max(i for i, c in enumerate(b) if c in out)},
               {len(out) - 1})
     operand_shapes = (shapes[0], shapes[1], _out_shape(spec, *shapes))
     return tuple(_fit(name, shape, axes, block) for name, shape, axes in
@@ -157,15 +162,16 @@ def _einsum(spec, a_dtype, b_dtype, block, a, b):
 def _forward(spec, a_dtype, b_dtype, block, a, b):
     ta, tb, _ = blocks(spec, (a.shape, b.shape), block) if block else (None, None, None)
     (a8, sa), (b8, sb) = quantize(a, E4M3, ta), quantize(b, E4M3, tb)
+    # accumulated in fp32 by XLA, returned (and kept by a remat policy) in the compute dtype
     y = jnp.einsum(spec, dequantize(a8, sa, ta), dequantize(b8, sb, tb),
-                   preferred_element_type=jnp.float32)  # fp32 accumulation
-    return y.astype(a_dtype), (a8, sa, b8, sb)
+                   preferred_element_type=a_dtype)
+    return y, (a8, sa, b8, sb)
 
 
 def _backward(spec, a_dtype, b_dtype, block, saved, dy):
     a8, sa, b8, sb = saved
     ta, tb, tg = blocks(spec, (a8.shape, b8.shape), block) if block else (None,) * 3
-    g8, sg = quantize(dy, E5M2, tg)
+    g8, sg = quantize(dy, E4M3 if block else E5M2, tg)  # per tile, E4M3 has the range
     _, pull = jax.vjp(lambda a, b: jnp.einsum(spec, a, b,
                                               preferred_element_type=jnp.float32),
                       dequantize(a8, sa, ta), dequantize(b8, sb, tb))

@@ -16,7 +16,7 @@ from jaxscale.parallel import layouts, step as steplib
 from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel.step import PlanStep
 from jaxscale.parallel.data_parallel import build_data_parallel
-from jaxscale.parallel.hybrid import build_hybrid
+from jaxscale.parallel.hybrid import build_hybrid, check_divisible
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.zero import build_zero
 
@@ -29,6 +29,7 @@ def build_train_step(model_cfg: ModelConfig, plan: Plan,
     `devices` (default: the first plan.n_devices of jax.devices()).
     """
     plan.validate()
+    check_divisible(model_cfg, plan)  # the model's shape against the layout, fp8-block's tiles
     for platform in {d.platform for d in (jax.devices() if devices is None else devices)}:
         try:
             attention.check_kernel(plan.attention, platform)

@@ -96,7 +96,7 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
         raise PlanError(f"tp={plan.tp} must divide the heads ({cfg.n_heads}) and the MLP "
                         f"width ({cfg.d_ff}); choose tp from "
                         f"{[k for k in range(1, cfg.n_heads + 1) if cfg.n_heads % k == 0 and cfg.d_ff % k == 0]}")
-    if cfg.n_layers % (plan.pp * v):
+    if plan.pp > 1 and cfg.n_layers % (plan.pp * v):
         raise PlanError(f"pp x virtual = {plan.pp} x {v} = {plan.pp * v} chunks must divide "
                         f"the {cfg.n_layers} layers; {_chunk_choices(cfg.n_layers, plan.pp, v)}")
     if plan.cp > 1:
@@ -107,7 +107,6 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
     if plan.family(cfg).matmul == "fp8-block":  # every product's tiles, on one device
         try:
             fp8.check_tiles({"d_model": cfg.d_model, "head_dim": cfg.head_dim,
-                             "heads per device": cfg.n_heads // plan.tp,
                              "d_ff per device": cfg.d_ff // plan.tp})
         except ValueError as e:
             raise PlanError(str(e)) from None

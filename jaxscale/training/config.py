@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import optax
 
 from jaxscale.model import config as model_config, optim, precision
-from jaxscale.model.optim_states import STATE_DTYPES, states_in
+from jaxscale.model.optim_states import STATE_DTYPES, check_state_dtype, states_in
 from jaxscale.parallel.hybrid import check_divisible
 from jaxscale.parallel.plan import Plan
 from jaxscale.training import spikes
@@ -89,6 +89,10 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise TrainConfigError(msg)
+        try:
+            check_state_dtype(self.optimizer, self.optimizer_state_dtype)
+        except ValueError as e:
+            raise TrainConfigError(str(e)) from None
         try:
             spikes.check_options(self.spike_policy, self.spike_z, self.spike_window,
                                  self.rollback_lr_factor)

@@ -59,7 +59,8 @@ def init_run(cfg: TrainConfig):
     The optimizer state is built by the Plan's init, in the layout its strategy needs.
     """
     mcfg = model_config.preset(cfg.model)
-    # validation runs this graph on fp32 parameters, which cuDNN's kernel does not take
+    # validation runs this graph on fp32 parameters (native products whatever the precision
+    # policy: the loss of the trained weights, fp8 ones too), which cuDNN's kernel does not take
     kernel = "xla" if cfg.attention == "cudnn" else cfg.attention
     model = modellib.build(mcfg, seed=cfg.seed, attention=kernel, unroll=cfg.unroll)
     graphdef, state = nnx.split(model, nnx.Param)

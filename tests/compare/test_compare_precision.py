@@ -14,3 +14,8 @@ def test_fp8_strategies_follow_their_own_single_device(cli, tmp_path):
     rows = {r["name"]: r for r in out["rows"]}
     assert all(rows[n]["pass"] for n in ("dp", "tp", "zero3")), out["noise"]
     assert out["noise"]["drift"] > 0  # the fp8 control: the same policy, another order
+
+
+def test_tracing_under_a_low_precision_needs_a_tolerance(fail):
+    err = fail("compare", "--precision", "fp8", "--trace-divergence")
+    assert "--tolerance" in err and "fp8" in err

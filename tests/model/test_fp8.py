@@ -114,6 +114,9 @@ def test_block_scales_are_per_tile_and_ml_dtypes_casts():
         ({2: 128}, {0: 128, 2: 32}, {3: 32})
     assert fp8.blocks("btf,fd->btd", ((4, 16, 1024), (1024, 256)), 128) == \
         ({2: 128}, {0: 128, 1: 128}, {2: 128})
+    # the output projection: the weight tiled along the head_dim the activation is tiled on
+    assert fp8.blocks("bthk,hkd->btd", ((4, 16, 8, 32), (8, 32, 256)), 128) == \
+        ({3: 32}, {1: 32, 2: 128}, {2: 128})
 
 
 def test_an_outlier_row_costs_per_tensor_scaling_the_whole_tensor_and_block_scaling_a_tile():

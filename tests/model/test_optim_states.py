@@ -69,3 +69,18 @@ def test_unknown_dtype_and_old_checkpoints():
         check_compatible({"format": FORMAT, "config": old},
                          {**now, "optimizer_state_dtype": "bf16"}, False, "x")
     np.testing.assert_equal(TrainConfig().optimizer_state_dtype, "fp32")
+    with pytest.raises(CheckpointError, match="optimizer_state_dtype='fp32'.*"
+                                              "--optimizer-state-dtype fp32"):
+        check_compatible({"format": FORMAT, "config": old},
+                         {**now, "optimizer_state_dtype": "bf16"}, False, "x")
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adam_l2", "adagrad"])
+def test_state_too_slow_for_bf16_is_refused(optimizer):
+    """Adam's default b2 = 0.999 moves the second moment by 0.1% a step, below bf16's 2^-8:
+    after a spike it would never decay (measured: a gradient of 10 then 500 of 0.01 leave
+    it at 0.1001 in bf16, 0.0607 in fp32). adamw trains with b2 = 0.95 here: allowed."""
+    from jaxscale.training.config import TrainConfig, TrainConfigError
+    with pytest.raises(TrainConfigError, match=f"bf16 with {optimizer}"):
+        TrainConfig(optimizer=optimizer, optimizer_state_dtype="bf16").validate()
+    TrainConfig(optimizer="adamw", optimizer_state_dtype="bf16").validate()

@@ -123,13 +123,7 @@ def run(args) -> int:
     if not rows:
         return EXIT_FAILED
     f = rows[0].flops
-    print(f"{device.device_kind}: matmul peak {peak.flops_per_s / 1e12:.3g} TFLOP/s measured "
-          f"({peak.dtype}, n={peak.n}); datasheet "
-          + (f"{result['datasheet_peak'] / 1e12:.4g} TFLOP/s ({rows[0].compute_dtype})"
-             if result["datasheet_peak"] else "peak unknown for this device"))
-    print(f"model FLOPs/token {f.total:,} ({f.total_causal:,} causal): {f.convention}")
-    if result["fp8"]:
-        print(f"{precision}: {result['fp8']}")
+    _header(device, peak, result, rows[0], precision)
     print_table(f"jaxscale bench: {args.model}, {precision}, attention {attention}, layers "
                 f"{'unrolled' if args.unroll else 'scanned'}",
                 ["batch", "remat", "compile s", "step ms", "tokens/s", "TFLOP/s",
@@ -168,7 +162,20 @@ def _fp8_note(precision: str, platform: str) -> str | None:
     against the bf16 peak either way."""
     if not precision.startswith("fp8"):
         return None
-    return ("emulated on the CPU: the FP8 casts are computed, the products are fp32 (numerics, "
-            "not speed); MFU against the bf16 peak" if platform == "cpu" else
-            "the products in FP8 where XLA rewrites them into FP8 GEMMs; MFU against the bf16 "
-            "peak (FP8's datasheet peak is twice it)")
+    if platform == "cpu" or precision == "fp8-block":
+        return (f"emulated on the {platform.upper()}: the FP8 casts are computed, the products "
+                "are fp32 (numerics, not speed); MFU against the bf16 peak")
+    return ("the products in FP8 where XLA rewrites them into FP8 GEMMs, fp32 where it does "
+            "not; MFU against the bf16 peak (FP8's datasheet peak is twice it)")
+
+
+def _header(device, peak, result, first, precision) -> None:
+    """The lines above the table: the peaks the MFU columns divide by, the FLOP count."""
+    f = first.flops
+    print(f"{device.device_kind}: matmul peak {peak.flops_per_s / 1e12:.3g} TFLOP/s measured "
+          f"({peak.dtype}, n={peak.n}); datasheet "
+          + (f"{result['datasheet_peak'] / 1e12:.4g} TFLOP/s ({first.compute_dtype})"
+             if result["datasheet_peak"] else "peak unknown for this device"))
+    print(f"model FLOPs/token {f.total:,} ({f.total_causal:,} causal): {f.convention}")
+    if result["fp8"]:
+        print(f"{precision}: {result['fp8']}")

@@ -162,9 +162,7 @@ def run(args) -> int:
     out = Path(args.out)
     cluster = distributed.from_args(args)
     base = compare_baseline.load(args, on_cpu)  # another job's is refused before JAX
-    if args.trace_divergence and (args.abstract or cluster is not None):
-        raise CompareError("--trace-divergence retrains each strategy in one process next to "
-                           "the single device; drop --abstract and the multi-process options")
+    _check_trace(args, cluster)
     if args.abstract:
         if cluster is not None:
             raise CompareError("--abstract compiles in one process; drop the multi-process "
@@ -228,6 +226,19 @@ def run(args) -> int:
         print(f"report, JSON and charts in {out}/", file=sys.stderr)
     unchanged = result.get("baseline", {}).get("unchanged", True)
     return 0 if result["all_pass"] and unchanged else 1
+
+
+def _check_trace(args, cluster) -> None:
+    """--trace-divergence's conditions, checked before anything runs."""
+    from jaxscale.compare.strategies import CompareError
+    if not args.trace_divergence:
+        return
+    if args.precision not in (None, "fp32") and not args.tolerance:
+        raise CompareError(f"--trace-divergence bounds each step by fp32's rounding, which "
+                           f"--precision {args.precision} exceeds by design; give --tolerance")
+    if args.abstract or cluster is not None:
+        raise CompareError("--trace-divergence retrains each strategy in one process next to "
+                           "the single device; drop --abstract and the multi-process options")
 
 
 def _spec(args, plans: dict, cluster, on_cpu: bool) -> dict:

@@ -49,13 +49,14 @@ def check_compatible(meta: dict, config: dict, accept_lr_change: bool, where) ->
     for field in MUST_MATCH:
         if field == "lr" and accept_lr_change:
             continue
-        if saved.get(field, BEFORE.get(field)) != config.get(field, BEFORE.get(field)):
-            fix = (f"set TrainConfig.{field}={saved.get(field)!r}" if field in NO_FLAG else
-                   f"use --{field.replace('_', '-')} {saved.get(field)}")
+        was = saved.get(field, BEFORE.get(field))
+        if was != config.get(field, BEFORE.get(field)):
+            fix = (f"set TrainConfig.{field}={was!r}" if field in NO_FLAG else
+                   f"use --{field.replace('_', '-')} {was}")
             hint = (" (or pass --accept-lr-change to continue with the new one)"
                     if field == "lr" else "")
             raise CheckpointError(
-                f"checkpoint {where} was written with {field}={saved.get(field)!r} but this "
+                f"checkpoint {where} was written with {field}={was!r} but this "
                 f"run has {field}={config.get(field)!r}; {fix}{hint}")
 
 
