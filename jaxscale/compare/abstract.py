@@ -50,15 +50,11 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
               + (f" for {target.name}" if target else "") + " ...", file=sys.stderr, flush=True)
         init, step = build_train_step(cfg, plan, optim.adamw(3e-3), devices[:plan.n_devices])
         state = jax.eval_shape(init, params)
-        sharding = step.batch_sharding
-        if sharding is None:  # one device's plain jit compiles where its arguments live
-            sharding = jax.sharding.SingleDeviceSharding(devices[0])
+        if step.batch_sharding is None:  # one device's plain jit compiles where its arguments live
+            one = jax.sharding.SingleDeviceSharding(devices[0])
             state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                                                sharding=sharding), state)
-        spec = lambda dt: jax.ShapeDtypeStruct((batch_size, cfg.seq_len), dt,  # noqa: E731
-                                               sharding=sharding)
-        batch = {"tokens": spec(jnp.int32), "targets": spec(jnp.int32),
-                 "mask": spec(jnp.float32)}
+                                                                sharding=one), state)
+        batch = abstract_batch(step, devices, batch_size, cfg.seq_len)
         pred = predicted_states(cfg, plan)
         try:
             compiled = step.jitted.lower(state, batch).compile()
@@ -79,6 +75,15 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
             row.update(target_figures(compiled, mem, target))
         rows.append(row)
     return rows
+
+
+def abstract_batch(step, devices, batch_size: int, seq: int) -> dict:
+    """One batch of `batch_size` rows of `seq` tokens, never allocated, placed where the
+    step takes it (one device's plain jit: on the first of `devices`)."""
+    where = step.batch_sharding or jax.sharding.SingleDeviceSharding(devices[0])
+    spec = lambda dtype: jax.ShapeDtypeStruct((batch_size, seq), dtype,  # noqa: E731
+                                              sharding=where)
+    return {"tokens": spec(jnp.int32), "targets": spec(jnp.int32), "mask": spec(jnp.float32)}
 
 
 def refused_row(name: str, plan, pred: dict, target, message: str) -> dict:

@@ -19,8 +19,8 @@ too big for the chip: then its own sentence is the answer).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
+from jaxscale.compare.abstract import abstract_batch
 from jaxscale.measure import buffer_dump, buffers, memory, residuals
 
 TOP = 12  # peak buffers listed
@@ -32,10 +32,7 @@ def inside_step(cfg, plan, step, state, devices, batch_size: int, top: int = TOP
     jaxscale.compare.explain.build."""
     out = {"batch_size": batch_size, "seq": cfg.seq_len,
            "activations": residuals.block_residuals(cfg, plan, batch_size)}
-    where = step.batch_sharding or jax.sharding.SingleDeviceSharding(devices[0])
-    spec = lambda dtype: jax.ShapeDtypeStruct((batch_size, cfg.seq_len), dtype,  # noqa: E731
-                                              sharding=where)
-    batch = {"tokens": spec(jnp.int32), "targets": spec(jnp.int32), "mask": spec(jnp.float32)}
+    batch = abstract_batch(step, devices, batch_size, cfg.seq_len)
     try:
         compiled = step.jitted.lower(state, batch).compile()
     except jax.errors.JaxRuntimeError as e:
