@@ -46,6 +46,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxscale.model import fp8_watch
+
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 LARGEST = {E4M3: 448.0, E5M2: 57344.0}
 # the mesh axis that splits one tensor's elements within a sample (jaxscale.parallel.axes
@@ -68,10 +70,12 @@ def amax(x) -> jax.Array:
     return lax.pmax(local, axes) if axes else local
 
 
-def quantize(x, fmt, tiles: dict | None = None) -> tuple[jax.Array, jax.Array]:
+def quantize(x, fmt, tiles: dict | None = None,
+             kind: str | None = None) -> tuple[jax.Array, jax.Array]:
     """(x scaled into fmt's range and cast to it, the scale): x ~ q / scale. One scale for
     the tensor, or with `tiles` ({axis: tile length}) one per tile (`blocks`). A zero tensor
-    or tile keeps scale 1; values beyond the range after rounding saturate at +-LARGEST."""
+    or tile keeps scale 1; values beyond the range after rounding saturate at +-LARGEST.
+    `kind` (one of fp8_watch.KINDS) names the tensor to a watcher (fp8_watch.watching)."""
     if tiles:
         shape, keep = _tiled(x.shape, tiles)
         x32 = x.astype(jnp.float32).reshape(shape)
@@ -80,6 +84,8 @@ def quantize(x, fmt, tiles: dict | None = None) -> tuple[jax.Array, jax.Array]:
         x32, a = x.astype(jnp.float32), amax(x)
     scale = jnp.where(a > 0, LARGEST[fmt] / jnp.maximum(a, 1e-30), 1.0)
     q = jnp.clip(x32 * scale, -LARGEST[fmt], LARGEST[fmt]).astype(fmt)
+    if kind is not None:
+        fp8_watch.observe(kind, x, x32 * scale, q, fmt)
     return q.reshape(x.shape), scale
 
 
@@ -88,6 +94,13 @@ def dequantize(q, scale, tiles: dict | None = None) -> jax.Array:
     if not tiles:
         return q.astype(jnp.float32) / scale
     return (q.astype(jnp.float32).reshape(_tiled(q.shape, tiles)[0]) / scale).reshape(q.shape)
+
+
+def scaled(x, scale, tiles: dict | None = None) -> jax.Array:
+    """x times its scale (one, or one per tile) in fp32: what `quantize` casts."""
+    if not tiles:
+        return x.astype(jnp.float32) * scale
+    return (x.astype(jnp.float32).reshape(_tiled(x.shape, tiles)[0]) * scale).reshape(x.shape)
 
 
 def _tiled(shape, tiles: dict) -> tuple[tuple, tuple]:
@@ -161,7 +174,7 @@ def _einsum(spec, a_dtype, b_dtype, block, a, b):
 
 def _forward(spec, a_dtype, b_dtype, block, a, b):
     ta, tb, _ = blocks(spec, (a.shape, b.shape), block) if block else (None, None, None)
-    (a8, sa), (b8, sb) = quantize(a, E4M3, ta), quantize(b, E4M3, tb)
+    (a8, sa), (b8, sb) = quantize(a, E4M3, ta, "activations"), quantize(b, E4M3, tb, "weights")
     # accumulated in fp32 by XLA, returned (and kept by a remat policy) in the compute dtype
     y = jnp.einsum(spec, dequantize(a8, sa, ta), dequantize(b8, sb, tb),
                    preferred_element_type=a_dtype)
@@ -171,7 +184,8 @@ def _forward(spec, a_dtype, b_dtype, block, a, b):
 def _backward(spec, a_dtype, b_dtype, block, saved, dy):
     a8, sa, b8, sb = saved
     ta, tb, tg = blocks(spec, (a8.shape, b8.shape), block) if block else (None,) * 3
-    g8, sg = quantize(dy, E4M3 if block else E5M2, tg)  # per tile, E4M3 has the range
+    # per tile, E4M3 has the range the gradients need
+    g8, sg = quantize(dy, E4M3 if block else E5M2, tg, "gradients")
     _, pull = jax.vjp(lambda a, b: jnp.einsum(spec, a, b,
                                               preferred_element_type=jnp.float32),
                       dequantize(a8, sa, ta), dequantize(b8, sb, tb))
