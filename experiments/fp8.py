@@ -233,17 +233,21 @@ def part_d(lab: Lab, out: Path) -> dict:
         measured = steplib.state_bytes_per_param(state, state.params, lab.n_params)
         closed = pol.bytes_per_param(moment_bytes=moment_bytes(moments) if moments != "fp32"
                                      else None)
-        budget = budgets.per_param(1, budget="fp8" if moments == "bf16" and name != "bf16"
+        budget = budgets.per_param(1, budget="bf16-moments" if moments == "bf16"
                                    else "mixed-adam")
         rows.append({"policy": name, "moments": moments, **measured,
                      "total_measured": sum(measured.values()),
                      "total_closed_form": sum(closed.values()), "agrees": measured == closed,
-                     "cost_model_budget": budget["device"]})
+                     "cost_model_budget": budget["device"],
+                     "meets_budget": sum(measured.values()) == budget["device"]})
     print_table(f"d. bytes per parameter of the training state with Adam ({lab.n_params:,} "
-                "parameters), measured from the state pytree; the cost model's budget is "
-                "mixed-adam (16), or fp8 (11: FP8 stored weights, bf16 moments) beside bf16 "
-                "moments", ["policy", "moments", "params", "grads", "master", "optimizer",
-                            "total", "closed form", "agrees", "cost model budget"],
+                "parameters), measured from the state pytree, next to the closed form "
+                "(Policy.bytes_per_param) and the cost model's budget (mixed-adam, "
+                "bf16-moments). The cost model's fp8 budget, "
+                f"{sum(budgets.BUDGETS['fp8'])} B, stores FP8 weights; these recipes keep "
+                "bf16 working weights and cast them at each product",
+                ["policy", "moments", "params", "grads", "master", "optimizer", "total",
+                 "closed form", "agrees", "cost model", "equal"],
                 [list(r.values()) for r in rows])
     return {"rows": rows}
 

@@ -139,6 +139,13 @@ def _compute(t, d) -> None:
                         "selective (recompute only the attention core)")
     t.add_argument("--precision", default=d.precision, choices=list(POLICIES), metavar="POLICY",
                    help="number formats: " + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items()))
+    t.add_argument("--fp8-block", type=_number(), default=d.fp8_block, metavar="N",
+                   help="with --precision fp8-block: the tile length (activations and "
+                        "gradients 1 x N, weights N x N); every tiled dimension must be a "
+                        f"multiple of it or shorter (default {d.fp8_block})")
+    t.add_argument("--fp8-head", action="store_true",
+                   help="with an fp8 precision: the output head multiplies in FP8 too "
+                        "(default: bf16, as most recipes keep it)")
 
 
 def _checkpoints(t) -> None:

@@ -5,6 +5,8 @@ Bytes per parameter under each budget (weights, gradients, optimizer state):
   mixed-adam  2 + 2 + 12 = 16   bf16/fp16 weights and gradients; fp32 master, m, v (the
                                 ZeRO paper's K = 12)
   fp32-adam   4 + 4 +  8 = 16   fp32 weights and gradients; m, v
+  bf16-moments 2 + 2 + 8 = 12   fp32 master; m and v in bf16 (MaxText's mu_dtype; what
+                                `train --optimizer-state-dtype bf16` holds, measured)
   adam8bit    2 + 2 +  6 = 10   fp32 master; m and v in 8 bits (Dettmers et al. 2022; the
                                 per-block scales, 2 x 4 bytes per 2048 values, left out)
   bf16        2 + 2 +  4 =  8   pure bf16: no master copy, m and v in bf16
@@ -33,6 +35,7 @@ from jaxscale.costmodel.shape import ShapeError
 BUDGETS = {  # bytes per parameter: weights, gradients, optimizer state
     "mixed-adam": (2, 2, 12),
     "fp32-adam": (4, 4, 8),
+    "bf16-moments": (2, 2, 8),
     "adam8bit": (2, 2, 6),
     "bf16": (2, 2, 4),
     "fp8": (1, 2, 8),

@@ -89,7 +89,7 @@ def attention(p, x, reduce=_same, kernel: str = "einsum", seq=None, family: Fami
     jaxscale.model.transformer.forward (it brings its own attend). With rotary positions q
     and k turn by their tokens' positions before anything else sees them; k and v may have
     fewer heads than q (grouped-query attention: the kernels repeat them)."""
-    dot = fp8.matmul(family.matmul)
+    dot = fp8.matmul(family.matmul, family.fp8_block)
     q = _plus_bias(dot("btd,dhk->bthk", x, p["wq"]), p, "bq")
     k = _plus_bias(dot("btd,dhk->bthk", x, p["wk"]), p, "bk")
     v = _plus_bias(dot("btd,dhk->bthk", x, p["wv"]), p, "bv")
@@ -109,7 +109,7 @@ def mlp(p, x, reduce=_same, family: Family = GPT2):
     if ("w3" in p) != (family.mlp == "swiglu"):
         raise ValueError(f"the parameters {'have' if 'w3' in p else 'lack'} W3 but the "
                          f"family's MLP is {family.mlp!r}: pass the model's family")
-    dot = fp8.matmul(family.matmul)
+    dot = fp8.matmul(family.matmul, family.fp8_block)
     up = _plus_bias(dot("btd,df->btf", x, p["w1"]), p, "b1")
     if family.mlp == "swiglu":
         hidden = jax.nn.silu(up) * _plus_bias(dot("btd,df->btf", x, p["w3"]), p, "b3")

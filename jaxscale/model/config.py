@@ -90,7 +90,8 @@ class Family:
     program as remat and the attention kernel are. `kv_heads`: the model's k and v heads,
     all devices together (0: as many as the query heads); tensor parallelism needs it to
     know whether it splits them (jaxscale.model.block.attention). `matmul`: how the block's
-    projections multiply, set by the precision policy, not the model."""
+    projections multiply, set by the precision policy, not the model (with `fp8_block`, the
+    tile of fp8-block, and `fp8_head`, whether the output head takes the recipe too)."""
 
     norm: str = "layernorm"
     mlp: str = "gelu"
@@ -100,6 +101,8 @@ class Family:
     norm_eps: float = 1e-5
     kv_heads: int = 0
     matmul: str = "native"  # or "fp8", "fp8-block": the policy's (jaxscale.model.fp8)
+    fp8_block: int = 128  # fp8-block's tile length (DeepSeek-V3: 128)
+    fp8_head: bool = False  # the output head multiplies under the recipe too
 
 
 GPT2 = Family()  # the garden presets': LayerNorm, GELU, learned positions, multi-head

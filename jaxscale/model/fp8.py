@@ -209,11 +209,11 @@ def _all_varying(x) -> frozenset:
 _einsum.defvjp(_forward, _backward)
 
 
-def matmul(recipe: str):
+def matmul(recipe: str, block: int = BLOCK):
     """The einsum a block multiplies with under `recipe`: jnp.einsum ("native"), the FP8
-    one with a scale per tensor ("fp8"), or per tile of BLOCK ("fp8-block")."""
+    one with a scale per tensor ("fp8"), or per tile of `block` ("fp8-block")."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown matmul recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     if recipe == "native":
         return jnp.einsum
-    return partial(einsum, block=BLOCK if recipe == "fp8-block" else 0)
+    return partial(einsum, block=block if recipe == "fp8-block" else 0)

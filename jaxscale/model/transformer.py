@@ -107,11 +107,12 @@ class Blocks(nnx.Module):
     """All transformer blocks, every parameter stacked along a leading `layers` axis."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, remat: str = "none",
-                 attention: str = "einsum", unroll: bool = False, matmul: str = "native"):
+                 attention: str = "einsum", unroll: bool = False, matmul: str = "native",
+                 fp8_block: int = fp8.BLOCK, fp8_head: bool = False):
         check_compute(remat, attention, matmul)
         # static attributes: part of the graphdef, not of the params
         self.remat, self.attention, self.unroll = remat, attention, bool(unroll)
-        self.matmul = matmul
+        self.matmul, self.fp8_block, self.fp8_head = matmul, fp8_block, bool(fp8_head)
         L, d, h, k, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
         kv, bias = cfg.kv_heads, cfg.bias
         # k and v: "kv_heads" when fewer than the query heads (tp splits them only if it
@@ -149,13 +150,14 @@ class Transformer(nnx.Module):
     """Causal language model: token ids [B, T] -> logits [B, T, vocab]."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, remat: str = "none",
-                 attention: str = "einsum", unroll: bool = False, matmul: str = "native"):
+                 attention: str = "einsum", unroll: bool = False, matmul: str = "native",
+                 fp8_block: int = fp8.BLOCK, fp8_head: bool = False):
         self.cfg = cfg
         normal = jax.nn.initializers.normal(cfg.init_std)
         self.tok_embed = _param(normal, rngs.params(), (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
         if cfg.position == "learned":
             self.pos_embed = _param(normal, rngs.params(), (cfg.seq_len, cfg.d_model), ("position", "embed"))
-        self.blocks = Blocks(cfg, rngs, remat, attention, unroll, matmul)
+        self.blocks = Blocks(cfg, rngs, remat, attention, unroll, matmul, fp8_block, fp8_head)
         self.ln_f = LayerNorm(cfg.d_model, bias=cfg.bias and cfg.norm == "layernorm")
         if not cfg.tied_head:  # logits = h @ U, U [d, vocab] of its own
             self.unembed = _param(normal, rngs.params(), (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
@@ -167,7 +169,8 @@ class Transformer(nnx.Module):
         b = self.blocks
         return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, b.remat,
                        attention=b.attention, unroll=b.unroll, seq=sequence(self.cfg, tokens),
-                       family=dataclasses.replace(self.cfg.family, matmul=b.matmul))
+                       family=dataclasses.replace(self.cfg.family, matmul=b.matmul,
+                                                  fp8_block=b.fp8_block, fp8_head=b.fp8_head))
 
 
 def document_ids(tokens: jax.Array) -> jax.Array:
@@ -230,11 +233,13 @@ def layers(blocks, x, remat: str = "none", tp_axis: str | None = None, *,
 
 def head(p, x, family: Family = GPT2):
     """Final norm, then the output projection: the model's own (`unembed` [d, vocab]) or
-    the token embedding's transpose (tied)."""
+    the token embedding's transpose (tied); under the family's FP8 recipe only if it says
+    `fp8_head` (the head is the most sensitive product: most recipes keep it in bf16)."""
     x = norm(x, p["ln_f"], family)
+    dot = fp8.matmul(family.matmul if family.fp8_head else "native", family.fp8_block)
     if "unembed" in p:
-        return jnp.einsum("btd,dv->btv", x, p["unembed"])
-    return jnp.einsum("btd,vd->btv", x, p["tok_embed"])
+        return dot("btd,dv->btv", x, p["unembed"])
+    return dot("btd,vd->btv", x, p["tok_embed"])
 
 
 # --------------------------------------------------------------------------------------

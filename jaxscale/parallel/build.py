@@ -38,7 +38,8 @@ def build_train_step(model_cfg: ModelConfig, plan: Plan,
     pol = precision.policy(plan.precision)
     graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat,
                                               attention=plan.attention, unroll=plan.unroll,
-                                              matmul=pol.matmul))
+                                              matmul=pol.matmul, fp8_block=plan.fp8_block,
+                                              fp8_head=plan.fp8_head))
     abstract = modellib.abstract(model_cfg)
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
     if model_cfg.document_mask and (plan.attention == "cudnn" or plan.pp > 1 or (

@@ -105,9 +105,12 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
         except context.ContextError as e:
             raise PlanError(str(e)) from None
     if plan.family(cfg).matmul == "fp8-block":  # every product's tiles, on one device
+        dims = {"d_model": cfg.d_model, "head_dim": cfg.head_dim,
+                "d_ff per device": cfg.d_ff // plan.tp}
+        if plan.fp8_head:
+            dims["vocab_size"] = cfg.vocab_size
         try:
-            fp8.check_tiles({"d_model": cfg.d_model, "head_dim": cfg.head_dim,
-                             "d_ff per device": cfg.d_ff // plan.tp})
+            fp8.check_tiles(dims, plan.fp8_block)
         except ValueError as e:
             raise PlanError(str(e)) from None
     if plan.sequence_parallel and (cfg.seq_len // plan.cp) % plan.tp:

@@ -47,6 +47,8 @@ class Plan:
     precision: str = "fp32"
     attention: str = "einsum"  # jaxscale.model.attention.KERNELS: einsum (reference), xla, cudnn
     unroll: bool = False  # the layers written out instead of one scanned loop body
+    fp8_block: int = 128  # precision fp8-block: the tile length (jaxscale.model.fp8.blocks)
+    fp8_head: bool = False  # an fp8 precision: the output head multiplies in FP8 too
 
     @property
     def n_devices(self) -> int:
@@ -84,7 +86,8 @@ class Plan:
                                    compute_dtype=precision.policy(self.precision).compute_dtype)
         except attention.KernelError as e:
             raise PlanError(f"{e} (precision {self.precision})") from None
-        for name in ("unroll", "sequence_parallel"):
+        self._validate_fp8()
+        for name in ("unroll", "sequence_parallel", "fp8_head"):
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.sequence_parallel and self.tp < 2:
@@ -118,10 +121,23 @@ class Plan:
                             f"inside a pipeline (pp={self.pp}); use pp=1")
         return self
 
+    def _validate_fp8(self) -> None:
+        recipe = precision.policy(self.precision).matmul
+        block = self.fp8_block
+        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+            raise PlanError(f"fp8_block must be a positive integer, got {block!r}")
+        if block != Plan.fp8_block and recipe != "fp8-block":
+            raise PlanError(f"fp8_block={block} sets the tile of precision fp8-block, but "
+                            f"the precision is {self.precision}; use precision=fp8-block")
+        if self.fp8_head is True and recipe == "native":
+            raise PlanError(f"fp8_head puts the output head under an FP8 recipe, but the "
+                            f"precision {self.precision} has none; use fp8 or fp8-block")
+
     def family(self, model_cfg):
         """How a block computes under this plan: the model's family, multiplying as the
-        precision policy says (jaxscale.model.fp8)."""
-        return replace(model_cfg.family, matmul=precision.policy(self.precision).matmul)
+        precision policy says (jaxscale.model.fp8), with its tile and head options."""
+        return replace(model_cfg.family, matmul=precision.policy(self.precision).matmul,
+                       fp8_block=self.fp8_block, fp8_head=self.fp8_head)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -144,7 +160,7 @@ class Plan:
                 raise PlanError(f"{key!r} given twice in layout {layout!r}")
             if field in ("schedule", "remat", "precision", "attention"):
                 fields[field] = value
-            elif field in ("unroll", "sequence_parallel"):
+            elif field in ("unroll", "sequence_parallel", "fp8_head"):
                 if value not in ("0", "1"):
                     raise PlanError(f"{key} must be 0 or 1, got {value!r} in {layout!r}")
                 fields[field] = value == "1"
@@ -195,4 +211,5 @@ def elastic_micro_batches(saved: Plan, plan: Plan, global_batch: int) -> int:
 LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "zero": "zero_stage",
                "micro_batches": "micro_batches", "schedule": "schedule", "virtual": "virtual",
                "remat": "remat", "precision": "precision", "attention": "attention",
-               "unroll": "unroll", "sp": "sequence_parallel"}
+               "unroll": "unroll", "sp": "sequence_parallel", "fp8_block": "fp8_block",
+               "fp8_head": "fp8_head"}

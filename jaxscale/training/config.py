@@ -37,6 +37,8 @@ class TrainConfig:
     eval_every: int = 100
     precision: str = "fp32"  # a policy of jaxscale.model.precision: fp32, bf16, fp16, bf16-pure
     optimizer_state_dtype: str = "fp32"  # fp32, or bf16: the optimizer's moments in bfloat16
+    fp8_block: int = 128  # precision fp8-block: its tile length
+    fp8_head: bool = False  # an fp8 precision: the output head in FP8 too
     mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
     remat: str = "none"  # activation recomputation: none, full, matmuls, selective
@@ -61,7 +63,8 @@ class TrainConfig:
                               zero_stage=self.zero_stage, precision=self.precision,
                               schedule=self.schedule, virtual=self.virtual,
                               attention=self.attention, unroll=self.unroll,
-                              sequence_parallel=self.sequence_parallel)
+                              sequence_parallel=self.sequence_parallel,
+                              fp8_block=self.fp8_block, fp8_head=self.fp8_head)
         return plan.validate(global_batch=self.batch_size) if validate else plan
 
     def validate(self) -> None:

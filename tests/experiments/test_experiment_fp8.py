@@ -28,7 +28,7 @@ def test_formats_outlier_and_bytes(tmp_path):
     per_tensor = [c[(o, "fp8")]["subnormal"] for o in (1, 10, 100, 1_000, 10_000)]
     assert per_tensor == sorted(per_tensor)  # the larger the outlier, the more lose scale
 
-    assert all(x["agrees"] for x in res["d"]["rows"])
+    assert all(x["agrees"] and x["meets_budget"] for x in res["d"]["rows"])
     totals = {(x["policy"], x["moments"]): x["total_measured"] for x in res["d"]["rows"]}
     assert totals[("fp8", "fp32")] == 16 and totals[("fp8-block", "bf16")] == 12
     assert (tmp_path / "c_outlier.png").exists()

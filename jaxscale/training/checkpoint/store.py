@@ -22,9 +22,10 @@ from pathlib import Path
 FORMAT = 1
 # TrainConfig fields a resumed run must share with the checkpoint (the plan's may differ)
 MUST_MATCH = ("model", "optimizer", "lr", "lr_schedule", "warmup", "steps", "batch_size",
-              "seed", "precision", "optimizer_state_dtype", "n_train_docs", "n_val_docs")
+              "seed", "precision", "optimizer_state_dtype", "fp8_block", "fp8_head",
+              "n_train_docs", "n_val_docs")
 # fields added after checkpoints were written without them: what those runs had
-BEFORE = {"optimizer_state_dtype": "fp32"}
+BEFORE = {"optimizer_state_dtype": "fp32", "fp8_block": 128, "fp8_head": False}
 NO_FLAG = ("n_train_docs", "n_val_docs")  # set only through the Python API (TrainConfig)
 TMP_MARK = ".orbax-checkpoint-tmp"
 MANIFEST = "jaxscale-files.json"
@@ -51,8 +52,10 @@ def check_compatible(meta: dict, config: dict, accept_lr_change: bool, where) ->
             continue
         was = saved.get(field, BEFORE.get(field))
         if was != config.get(field, BEFORE.get(field)):
+            flag = f"--{field.replace('_', '-')}"
             fix = (f"set TrainConfig.{field}={was!r}" if field in NO_FLAG else
-                   f"use --{field.replace('_', '-')} {was}")
+                   f"{'pass' if was else 'leave out'} {flag}" if isinstance(was, bool) else
+                   f"use {flag} {was}")
             hint = (" (or pass --accept-lr-change to continue with the new one)"
                     if field == "lr" else "")
             raise CheckpointError(

@@ -1,0 +1,73 @@
+"""The FP8 options: fp8-block's tile length (`fp8_block`) and the output head under the
+recipe (`fp8_head`), through every layout and the command line."""
+import jax
+import pytest
+
+from jaxscale.model import fp8, fp8_watch
+from jaxscale.parallel.build import build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+
+from conftest import KEEP_GRADIENT, one_step, setup
+
+
+def test_a_smaller_tile_reaches_every_layout(devices):
+    """fp8-block with 16-long tiles: dp x tp follows its own single device within the fp8
+    layouts' 1e-4 (tests/model/test_fp8.py says why), and the tile changed the numbers."""
+    single = one_step("tiny8", precision="fp8-block", fp8_block=16)[1]
+    _, loss, *_ = one_step("tiny8", precision="fp8-block", fp8_block=16, dp=2, tp=2)
+    assert abs(loss - single) / single <= 1e-4
+    assert single != one_step("tiny8", precision="fp8-block")[1]
+
+
+def test_the_head_option_puts_the_output_projection_under_the_recipe():
+    """With fp8_head the tied head (the token table, vocab x d) is one more FP8 product:
+    the weights the step casts grow by exactly its size, and the loss moves."""
+    cfg, params, batch = setup("tiny")
+    sizes = {}
+    for head in (False, True):
+        init, step = build_train_step(cfg, Plan(precision="fp8", fp8_head=head), KEEP_GRADIENT)
+        tally = fp8_watch.Tally()
+        with fp8_watch.watching(tally):
+            _, metrics = step(init(params), batch)
+        jax.effects_barrier()
+        sizes[head] = (tally.sums["weights"]["elements"], float(metrics["loss"]))
+    assert sizes[True][0] - sizes[False][0] == params["tok_embed"].size
+    assert sizes[True][1] != sizes[False][1]
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(precision="bf16", fp8_block=64), "precision=fp8-block"),
+    (dict(precision="fp32", fp8_head=True), "has none"),
+    (dict(precision="fp8-block", fp8_block=0), "positive integer"),
+    (dict(precision="fp8-block", fp8_block=True), "positive integer"),
+])
+def test_options_that_cannot_apply_are_named(fields, match):
+    with pytest.raises(PlanError, match=match):
+        Plan(**fields).validate()
+
+
+def test_the_command_line_names_the_dimension_a_tile_does_not_divide(fail):
+    err = fail("train", "--steps", "2", "--precision", "fp8-block", "--fp8-block", "24")
+    assert "fp8-block tiles by 24: d_model = 32" in err
+    err = fail("train", "--steps", "2", "--precision", "fp8-block", "--fp8-block", "16",
+               "--fp8-head")
+    assert "vocab_size = 101" in err
+    assert fp8.matmul("fp8-block", 16).keywords == {"block": 16}
+
+
+def test_a_checkpoint_resumes_only_under_its_own_fp8_options():
+    """The options change the numbers, as the precision does: a resumed run must share
+    them. A checkpoint written before they existed counts as their defaults."""
+    from dataclasses import asdict
+
+    from jaxscale.training.checkpoint import store
+    from jaxscale.training.config import TrainConfig
+    old = {"format": store.FORMAT, "config": {k: v for k, v in asdict(TrainConfig(
+        precision="fp8")).items() if not k.startswith("fp8_")}}
+    store.check_compatible(old, asdict(TrainConfig(precision="fp8")), False, "here")
+    with pytest.raises(store.CheckpointError, match="fp8_head=False .* leave out --fp8-head"):
+        store.check_compatible(old, asdict(TrainConfig(precision="fp8", fp8_head=True)),
+                               False, "here")
+    saved = {**old, "config": asdict(TrainConfig(precision="fp8-block", fp8_block=64))}
+    with pytest.raises(store.CheckpointError, match="fp8_block=64 .* use --fp8-block 64"):
+        store.check_compatible(saved, asdict(TrainConfig(precision="fp8-block")), False, "x")
