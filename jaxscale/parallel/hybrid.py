@@ -46,7 +46,7 @@ from jaxscale.parallel.pipeline import pipeline_value_and_grad
 from jaxscale.parallel.schedules import VEE
 from jaxscale.parallel.tick_table import tick_table
 from jaxscale.parallel.plan import PlanError
-from jaxscale.parallel.vma import vary
+from jaxscale.runtime.vma import vary
 from jaxscale.parallel.zero import check_elementwise, forward_gathered, gathered_units
 from jaxscale.runtime import mesh as meshlib
 

@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from jaxscale.parallel import layouts
 from jaxscale.parallel.axes import DP, PP, TP
 from jaxscale.parallel.actions import Action
-from jaxscale.parallel.vma import vary
+from jaxscale.runtime.vma import vary
 from jaxscale.parallel.zero_layout import Zero2Layout, Zero3Layout, ZeroLayout, is_stacked
 
 

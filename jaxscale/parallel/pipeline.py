@@ -37,7 +37,7 @@ from jaxscale.parallel.axes import DP, PP
 from jaxscale.parallel.layouts import GradReduction
 from jaxscale.parallel.split_backward import StageParts, input_gradient, weight_gradient
 from jaxscale.parallel.tick_table import TickTable
-from jaxscale.parallel.vma import cotangent, vary, zeros_like
+from jaxscale.runtime.vma import cotangent, vary, zeros_like
 
 class Tick(NamedTuple):
     """One device's row of the tick table: what it does at this tick and where its data

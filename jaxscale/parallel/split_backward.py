@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxscale.parallel.vma import cotangent, vary, varying_axes
+from jaxscale.runtime.vma import cotangent, vary, varying_axes
 
 
 class StageParts(NamedTuple):
