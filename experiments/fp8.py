@@ -66,7 +66,7 @@ class Lab:
 def part_a(lab: Lab, out: Path) -> dict:
     rows = [r for r in formats.format_table()
             if r["format"] in ("bfloat16", "float8_e4m3fn", "float8_e5m2")]
-    for r in rows:  # the step between 1 and the next value, and the dynamic range
+    for r in rows:  # the normal range in binades (powers of two): what a scale must fit
         r["range_normal_binades"] = float(np.log2(r["max"] / r["smallest_normal"]))
     print_table("a. FP8 next to bf16 (ml_dtypes.finfo): E4M3 for forward operands, E5M2 "
                 "for gradients", ["format", "exponent bits", "mantissa bits", "max",

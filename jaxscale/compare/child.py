@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 
+from jaxscale.model import fp8
 from jaxscale.runtime.launcher import exit_text
 
 WORKER = (sys.executable, "-m", "jaxscale.compare.worker")
@@ -32,6 +33,10 @@ def mesh_label(plan: dict) -> str:
     if plan["micro_batches"] > 1:
         parts.append(f"m={plan['micro_batches']}")
     parts += [plan[k] for k in ("remat", "precision") if plan[k] not in ("none", "fp32")]
+    if plan.get("fp8_block", fp8.BLOCK) != fp8.BLOCK:
+        parts.append(f"tile {plan['fp8_block']}")
+    if plan.get("fp8_head"):
+        parts.append("FP8 head")
     return " ".join(parts)
 
 

@@ -169,16 +169,18 @@ def layout_plan(layout: str, n: int) -> Plan:
 
 
 def check_strategies(names: list[str], n: int, cfg, layouts: tuple[str, ...] = (),
-                     precision: str | None = None) -> dict[str, Plan]:
+                     precision: str | None = None,
+                     fp8_options: dict | None = None) -> dict[str, Plan]:
     """Plans for strategy `names` and written-out `layouts` (named by their text), all
     validated before anything compiles (CompareError if not). `precision`: the policy of
     every strategy, the single device and the control included, except a layout that
-    names its own (so each is judged against its own single-device run)."""
+    names its own (so each is judged against its own single-device run); `fp8_options`
+    (Plan's fp8_block, fp8_head) go with it."""
     plans = {}
     for name in [*names, *layouts]:
         plan = layout_plan(name, n) if name in layouts else strategy_plan(name, n, cfg)
         if precision is not None and not (name in layouts and "precision=" in name):
-            plan = replace(plan, precision=precision)
+            plan = replace(plan, precision=precision, **(fp8_options or {}))
         try:
             plan.validate()
             check_divisible(cfg, plan)  # (a one-device plan: fp8-block's tiles)

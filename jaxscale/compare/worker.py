@@ -168,7 +168,9 @@ class Rows:
         batches = [self.batches.rows(i, 0, n) for i in range(len(self.batches))]
         bound = self.spec.get("tolerance") or divergence.rounding_bound(
             int(batches[0]["mask"].sum()))
-        single = Plan(precision=self.spec.get("precision") or "fp32")  # compare's single
+        single = next((Plan(**s["plan"]) for s in self.spec["strategies"]  # compare's single
+                       if s["name"] == "single"),
+                      Plan(precision=self.spec.get("precision") or "fp32"))
         p.row["divergence"] = divergence.trace(p.plan, self.cfg, self.params, batches,
                                                self.devices, bound, optim.adamw(LEARNING_RATE),
                                                single)

@@ -2,16 +2,18 @@
 
 Bytes per parameter under each budget (weights, gradients, optimizer state):
 
-  mixed-adam  2 + 2 + 12 = 16   bf16/fp16 weights and gradients; fp32 master, m, v (the
-                                ZeRO paper's K = 12)
-  fp32-adam   4 + 4 +  8 = 16   fp32 weights and gradients; m, v
-  bf16-moments 2 + 2 + 8 = 12   fp32 master; m and v in bf16 (MaxText's mu_dtype; what
-                                `train --optimizer-state-dtype bf16` holds, measured)
-  adam8bit    2 + 2 +  6 = 10   fp32 master; m and v in 8 bits (Dettmers et al. 2022; the
-                                per-block scales, 2 x 4 bytes per 2048 values, left out)
-  bf16        2 + 2 +  4 =  8   pure bf16: no master copy, m and v in bf16
-  fp8         1 + 2 +  8 = 11   our label for FP8 matmuls with bf16 gradients, an fp32
-                                master and bf16 m, v (recipes differ: say which you mean)
+  mixed-adam    2 + 2 + 12 = 16   bf16/fp16 weights and gradients; fp32 master, m, v (the
+                                  ZeRO paper's K = 12)
+  fp32-adam     4 + 4 +  8 = 16   fp32 weights and gradients; m, v
+  bf16-moments  2 + 2 +  8 = 12   fp32 master; m and v in bf16 (MaxText's mu_dtype; what
+                                  `train --optimizer-state-dtype bf16` holds, measured)
+  adam8bit      2 + 2 +  6 = 10   fp32 master; m and v in 8 bits (Dettmers et al. 2022; the
+                                  per-block scales, 2 x 4 bytes per 2048 values, left out)
+  bf16          2 + 2 +  4 =  8   pure bf16: no master copy, m and v in bf16
+  fp8           1 + 2 +  8 = 11   our label for FP8 matmuls with bf16 gradients, an fp32
+                                  master and bf16 m, v (recipes differ: say which you mean;
+                                  jaxscale's fp8 policies keep bf16 working weights: 16,
+                                  or 12 with bf16 moments)
 
 ZeRO over N_d data-parallel devices (Rajbhandari et al. 2020): stage 1 shards the optimizer
 state, 2 also the gradients, 3 also the weights; mixed-adam per device: 16, 4 + 12/N_d,

@@ -101,7 +101,7 @@ class Family:
     norm_eps: float = 1e-5
     kv_heads: int = 0
     matmul: str = "native"  # or "fp8", "fp8-block": the policy's (jaxscale.model.fp8)
-    fp8_block: int = 128  # fp8-block's tile length (DeepSeek-V3: 128)
+    fp8_block: int = 128  # fp8-block's tile length (model.fp8.BLOCK, DeepSeek-V3's 128)
     fp8_head: bool = False  # the output head multiplies under the recipe too
 
 

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxscale.model import fp8_watch
+from jaxscale.runtime.vma import varying_axes
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 LARGEST = {E4M3: 448.0, E5M2: 57344.0}
@@ -60,7 +61,7 @@ BLOCK = 128  # fp8-block's tile: DeepSeek-V3's 1 x 128 activations, 128 x 128 we
 
 def _varying(x) -> tuple[str, ...]:
     """The SPLIT axes x varies over inside shard_map (none outside it)."""
-    return tuple(a for a in SPLIT if a in _all_varying(x))
+    return tuple(a for a in SPLIT if a in varying_axes(x))
 
 
 def amax(x) -> jax.Array:
@@ -153,11 +154,15 @@ def _fit(name: str, shape, axes, block: int) -> dict:
 
 def check_tiles(dims: dict[str, int], block: int = BLOCK) -> None:
     """ValueError naming the first of a model's `dims` (name: length on one device) that
-    fp8-block cannot tile: longer than the block and not a multiple of it."""
+    fp8-block cannot tile, longer than the block and not a multiple of it, and the tile
+    lengths (powers of two, 16 to 256) that fit every one."""
     for name, n in dims.items():
         if n > block and n % block:
+            fits = [b for b in (16, 32, 64, 128, 256)
+                    if all(m <= b or m % b == 0 for m in dims.values())]
             raise ValueError(f"fp8-block tiles by {block}: {name} = {n} is not a multiple of "
-                             f"it (a dimension shorter than the block is one tile)")
+                             f"it (a dimension shorter than the block is one tile); tiles "
+                             f"that fit: {', '.join(map(str, fits)) or 'none of 16 to 256'}")
 
 
 def einsum(spec: str, a, b, block: int = 0):
@@ -196,14 +201,8 @@ def _backward(spec, a_dtype, b_dtype, block, saved, dy):
 def _like(grad, primal, dtype):
     """A cotangent as its primal is: its dtype, and summed over the devices it varies over
     but the primal does not (what autodiff does for a value used on every device)."""
-    extra = tuple(sorted(_all_varying(grad) - _all_varying(primal)))
+    extra = tuple(sorted(varying_axes(grad) - varying_axes(primal)))
     return (lax.psum(grad, extra) if extra else grad).astype(dtype)
-
-
-def _all_varying(x) -> frozenset:
-    aval = jax.typeof(x)
-    return frozenset(aval.manual_axis_type.varying if hasattr(aval, "manual_axis_type")
-                     else getattr(aval, "vma", ()))
 
 
 _einsum.defvjp(_forward, _backward)
@@ -214,6 +213,8 @@ def matmul(recipe: str, block: int = BLOCK):
     one with a scale per tensor ("fp8"), or per tile of `block` ("fp8-block")."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown matmul recipe {recipe!r}; choose from {', '.join(RECIPES)}")
+    if recipe == "fp8-block" and (not isinstance(block, int) or block < 1):
+        raise ValueError(f"fp8-block's tile must be a positive integer, got {block!r}")
     if recipe == "native":
         return jnp.einsum
     return partial(einsum, block=block if recipe == "fp8-block" else 0)

@@ -3,24 +3,34 @@
 A product under an FP8 recipe (jaxscale.model.fp8) casts three tensors: the activation and
 the weight in forward, the incoming gradient in backward. Each value lands in one of:
 
-  overflow   |x s| rounds beyond the format's largest value: saturated (the recipes clip;
-             a plain cast gives NaN in E4M3, which has no inf). Current scaling sets s from this tensor's own amax, so it cannot overflow;
-             a scale from earlier steps (delayed scaling) or none at all can.
+  overflow   x s rounds past the format's largest value (to NaN in E4M3, which has no
+             inf; to inf in E5M2): the recipes clip it to the largest instead. Current
+             scaling takes s from this tensor's own amax, so it cannot overflow; a scale
+             from earlier steps (delayed scaling) or none at all can.
   flushed    x != 0 but x s rounds to 0: the value is gone
   subnormal  below the format's smallest normal value: kept, with fewer significant bits
              (the scale no longer buys full precision: the value "lost its scale")
   and, for contrast, what a plain cast without any scale would do: `unscaled_flushed` and
   `unscaled_overflow` (bf16 gradients of 1e-6 are far below E4M3's smallest step, 2^-9).
 
-`watching(report)` is a context manager: a program traced inside it carries, at each cast,
-a few reductions and one `jax.debug.callback` that calls report(kind, counts) on the host
-with kind in KINDS and counts a dict of COUNTS (numbers of elements). Only programs traced
-inside the context are watched: a program compiled before it, or after, is unchanged.
+`watching(report)` is a context manager. Whether a program is watched is decided when JAX
+traces it: one traced inside carries, at each cast, a few reductions and one
+`jax.debug.callback` that calls report(kind, counts) on the host (kind in KINDS, counts a
+dict of COUNTS), and keeps reporting whenever it runs, inside the context or not; one traced
+before reports nothing, even when called inside (JAX caches a function's trace by the
+function, not by this context). So build the step inside the context, or trace it there
+first (experiments.fp8 lowers and compiles it there).
+
+The counts are per execution and per device: a cast that runs twice (recomputed in
+backward under remat, a weight cast again for each accumulated micro-batch) reports twice,
+and each device reports its own piece. Repeats are identical, so the fractions
+(`Tally.fractions`) are what to read; the absolute sums say how much ran.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from functools import partial
 
 import jax
@@ -54,35 +64,41 @@ def observe(kind: str, x, scaled, q, fmt) -> None:
 
 
 def tally(x, scaled, q, fmt) -> jax.Array:
-    """The COUNTS of one cast as a float32 vector (fp32 counts are exact up to 2^24)."""
+    """The COUNTS of one cast as an int32 vector. Overflow is what the cast itself makes of
+    x s (not finite, or past the largest value), so the rounding ties come out as in
+    ml_dtypes and XLA: 464 rounds to 448 in E4M3, 61440 to inf in E5M2."""
     info = ml_dtypes.finfo(fmt)
     largest, normal = float(info.max), float(info.smallest_normal)
-    half_step = float(info.smallest_subnormal) / 2  # at most this, a value rounds to 0
-    # beyond the largest value's half step a value rounds past it (x s may exceed the
-    # largest by an fp32 rounding of 448 / amax: that still rounds to it, no overflow)
-    beyond = largest + 2.0 ** (np.floor(np.log2(largest)) - info.nmant) / 2
     x32, qf = x.astype(jnp.float32), q.astype(jnp.float32).reshape(x.shape)
-    a, s = jnp.abs(x32), jnp.abs(scaled.reshape(x.shape))
+    cast = scaled.reshape(x.shape).astype(fmt).astype(jnp.float32)  # before any clipping
+    plain = x32.astype(fmt).astype(jnp.float32)  # no scale at all
+
+    def past(c):
+        return ~jnp.isfinite(c) | (jnp.abs(c) > largest)
     nonzero = x32 != 0
-    counts = (jnp.ones_like(a), nonzero, s >= beyond, nonzero & (qf == 0),
-              (qf != 0) & (jnp.abs(qf) < normal), nonzero & (a <= half_step), a >= beyond)
-    return jnp.stack([jnp.sum(c.astype(jnp.float32)) for c in counts])
+    counts = (jnp.ones_like(x32, bool), nonzero, past(cast), nonzero & (qf == 0),
+              (qf != 0) & (jnp.abs(qf) < normal), nonzero & (plain == 0), past(plain))
+    return jnp.stack([jnp.sum(c, dtype=jnp.int32) for c in counts])
 
 
 def _deliver(report, kind, counts) -> None:
-    report(kind, dict(zip(COUNTS, np.asarray(counts, np.float64).tolist())))
+    report(kind, dict(zip(COUNTS, np.asarray(counts, np.int64).tolist())))
 
 
 class Tally:
-    """A report function that sums what it is told per kind, and hands out fractions."""
+    """A report function that sums what it is told per kind, and hands out fractions.
+    Callbacks may come from several runtime threads at once (one per device): a lock
+    keeps every sum whole."""
 
     def __init__(self):
+        self._lock = threading.Lock()
         self.reset()
 
     def __call__(self, kind: str, counts: dict) -> None:
-        mine = self.sums.setdefault(kind, dict.fromkeys(COUNTS, 0.0))
-        for k, v in counts.items():
-            mine[k] += v
+        with self._lock:
+            mine = self.sums.setdefault(kind, dict.fromkeys(COUNTS, 0))
+            for k, v in counts.items():
+                mine[k] += v
 
     def reset(self) -> None:
         self.sums: dict[str, dict] = {}

@@ -14,12 +14,14 @@ that axis across stages (jaxscale.parallel.pipeline); no second model is written
 names (`axes` metadata: vocab, embed, heads, head_dim, mlp, layers, position) that a
 sharding Plan maps onto mesh axes.
 
-Three choices change how the model computes, never what (each is a static attribute of
-the graph and a Plan field): `remat` (what backward recomputes), `attention` (the kernel:
-see jaxscale.model.attention) and `unroll` (the layers as one compiled loop body run L times, or
-written out L times: a loop compiles once per shape whatever L is; unrolled code lets XLA
-schedule and fuse across layers, which GPU recipes prefer), and `matmul` (how the blocks'
-projections multiply: natively, or in FP8 under the fp8 precision policy, jaxscale.model.fp8).
+Some choices change how the model computes, never which function it computes (each is a
+static attribute of the graph and a Plan field): `remat` (what backward recomputes),
+`attention` (the kernel: see jaxscale.model.attention), `unroll` (the layers as one
+compiled loop body run L times, or written out L times: a loop compiles once per shape
+whatever L is; unrolled code lets XLA schedule and fuse across layers, which GPU recipes
+prefer), and `matmul` (how the blocks' projections multiply: natively, or in FP8 under an
+fp8 precision policy, jaxscale.model.fp8) with its options `fp8_block` (fp8-block's tile)
+and `fp8_head` (the output head under the recipe too).
 """
 from __future__ import annotations
 
@@ -112,6 +114,8 @@ class Blocks(nnx.Module):
         check_compute(remat, attention, matmul)
         # static attributes: part of the graphdef, not of the params
         self.remat, self.attention, self.unroll = remat, attention, bool(unroll)
+        # the FP8 options live with the blocks' matmul recipe (the head's included): the
+        # graph's static compute choices all sit here, where Transformer.__call__ reads them
         self.matmul, self.fp8_block, self.fp8_head = matmul, fp8_block, bool(fp8_head)
         L, d, h, k, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
         kv, bias = cfg.kv_heads, cfg.bias
@@ -247,7 +251,8 @@ def head(p, x, family: Family = GPT2):
 # --------------------------------------------------------------------------------------
 
 def build(cfg: ModelConfig, seed: int = 0, remat: str = "none", **compute) -> Transformer:
-    """A freshly initialised model (deterministic in `seed`); `compute`: attention, unroll."""
+    """A freshly initialised model (deterministic in `seed`); `compute`: attention, unroll,
+    matmul, fp8_block, fp8_head (Transformer's static compute choices)."""
     return Transformer(cfg, rngs=nnx.Rngs(params=seed), remat=remat, **compute)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 
-from jaxscale.model import attention, precision, transformer as modellib
+from jaxscale.model import attention, fp8, precision, transformer as modellib
 from jaxscale.parallel import schedules as sched
 from jaxscale.runtime import mesh as meshlib
 
@@ -47,7 +47,7 @@ class Plan:
     precision: str = "fp32"
     attention: str = "einsum"  # jaxscale.model.attention.KERNELS: einsum (reference), xla, cudnn
     unroll: bool = False  # the layers written out instead of one scanned loop body
-    fp8_block: int = 128  # precision fp8-block: the tile length (jaxscale.model.fp8.blocks)
+    fp8_block: int = fp8.BLOCK  # precision fp8-block: the tile length (model.fp8.blocks)
     fp8_head: bool = False  # an fp8 precision: the output head multiplies in FP8 too
 
     @property
@@ -128,10 +128,12 @@ class Plan:
             raise PlanError(f"fp8_block must be a positive integer, got {block!r}")
         if block != Plan.fp8_block and recipe != "fp8-block":
             raise PlanError(f"fp8_block={block} sets the tile of precision fp8-block, but "
-                            f"the precision is {self.precision}; use precision=fp8-block")
+                            f"the precision is {self.precision}; use precision=fp8-block "
+                            "(--precision fp8-block)")
         if self.fp8_head is True and recipe == "native":
             raise PlanError(f"fp8_head puts the output head under an FP8 recipe, but the "
-                            f"precision {self.precision} has none; use fp8 or fp8-block")
+                            f"precision {self.precision} has none; use precision=fp8 or "
+                            "fp8-block (--precision)")
 
     def family(self, model_cfg):
         """How a block computes under this plan: the model's family, multiplying as the

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import optax
 
-from jaxscale.model import config as model_config, optim, precision
+from jaxscale.model import config as model_config, fp8, optim, precision
 from jaxscale.model.optim_states import STATE_DTYPES, check_state_dtype, states_in
 from jaxscale.parallel.hybrid import check_divisible
 from jaxscale.parallel.plan import Plan
@@ -37,7 +37,7 @@ class TrainConfig:
     eval_every: int = 100
     precision: str = "fp32"  # a policy of jaxscale.model.precision: fp32, bf16, fp16, bf16-pure
     optimizer_state_dtype: str = "fp32"  # fp32, or bf16: the optimizer's moments in bfloat16
-    fp8_block: int = 128  # precision fp8-block: its tile length
+    fp8_block: int = fp8.BLOCK  # precision fp8-block: its tile length
     fp8_head: bool = False  # an fp8 precision: the output head in FP8 too
     mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step

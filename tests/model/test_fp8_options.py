@@ -10,13 +10,25 @@ from jaxscale.parallel.plan import Plan, PlanError
 from conftest import KEEP_GRADIENT, one_step, setup
 
 
-def test_a_smaller_tile_reaches_every_layout(devices):
+def test_a_smaller_tile_reaches_the_mesh_layouts(devices):
     """fp8-block with 16-long tiles: dp x tp follows its own single device within the fp8
-    layouts' 1e-4 (tests/model/test_fp8.py says why), and the tile changed the numbers."""
+    layouts' 1e-4 (tests/model/test_fp8.py says why), and the tile changed the numbers.
+    (Every layout takes the tile through Plan.family, as it takes the recipe.)"""
     single = one_step("tiny8", precision="fp8-block", fp8_block=16)[1]
     _, loss, *_ = one_step("tiny8", precision="fp8-block", fp8_block=16, dp=2, tp=2)
     assert abs(loss - single) / single <= 1e-4
     assert single != one_step("tiny8", precision="fp8-block")[1]
+
+
+@pytest.mark.parametrize("plan", [dict(dp=4, zero_stage=3), dict(pp=2, micro_batches=2)],
+                         ids=["zero3", "pp"])
+def test_an_fp8_head_follows_the_single_device_in_the_layouts_that_run_it_apart(devices,
+                                                                              plan):
+    """ZeRO-3 runs the head as its own checkpointed unit on gathered slices; a pipeline
+    runs it on the last stage only: both follow the single device's fp8 head (1e-4)."""
+    single = one_step("tiny8", precision="fp8", fp8_head=True)[1]
+    _, loss, *_ = one_step("tiny8", precision="fp8", fp8_head=True, **plan)
+    assert abs(loss - single) / single <= 1e-4
 
 
 def test_the_head_option_puts_the_output_projection_under_the_recipe():
@@ -51,8 +63,14 @@ def test_the_command_line_names_the_dimension_a_tile_does_not_divide(fail):
     assert "fp8-block tiles by 24: d_model = 32" in err
     err = fail("train", "--steps", "2", "--precision", "fp8-block", "--fp8-block", "16",
                "--fp8-head")
-    assert "vocab_size = 101" in err
+    assert "vocab_size = 101" in err and "tiles that fit:" in err
+
+
+def test_a_tile_below_one_is_refused_by_the_recipe_itself():
+    """Below Plan, the model's own entry refuses it too, rather than scaling per tensor."""
     assert fp8.matmul("fp8-block", 16).keywords == {"block": 16}
+    with pytest.raises(ValueError, match="got 0"):
+        fp8.matmul("fp8-block", 0)
 
 
 def test_a_checkpoint_resumes_only_under_its_own_fp8_options():
@@ -71,3 +89,21 @@ def test_a_checkpoint_resumes_only_under_its_own_fp8_options():
     saved = {**old, "config": asdict(TrainConfig(precision="fp8-block", fp8_block=64))}
     with pytest.raises(store.CheckpointError, match="fp8_block=64 .* use --fp8-block 64"):
         store.check_compatible(saved, asdict(TrainConfig(precision="fp8-block")), False, "x")
+
+
+def test_compare_takes_the_options_for_every_strategy_and_names_them(fail):
+    from dataclasses import replace
+
+    from jaxscale.compare.child import mesh_label
+    from jaxscale.compare.strategies import check_strategies
+    from jaxscale.model import config as model_config
+    err = fail("compare", "--strategies", "dp", "--fp8-head")
+    assert "--fp8-head applies to an fp8 --precision" in err
+    tiny = model_config.preset("tiny")
+    plans = check_strategies(["single", "dp"], 2, tiny, (), "fp8-block", {"fp8_block": 16})
+    assert {(p.precision, p.fp8_block) for p in plans.values()} == {("fp8-block", 16)}
+    assert mesh_label(plans["dp"].as_dict()).endswith("fp8-block tile 16")
+    assert "tile" not in mesh_label(replace(plans["dp"], fp8_block=128).as_dict())
+    plans = check_strategies(["single", "dp"], 2, tiny, (), "fp8", {"fp8_head": True})
+    assert all(p.fp8_head for p in plans.values())
+    assert mesh_label(plans["dp"].as_dict()).endswith("fp8 FP8 head")

@@ -13,10 +13,12 @@ from conftest import KEEP_GRADIENT, setup
 
 
 def test_tally_counts_what_ml_dtypes_makes_of_each_value():
-    """The counts against formats.classify of the scaled values (ml_dtypes's cast): flushed,
-    subnormal; overflow only past the largest value's rounding half step (464 for E4M3)."""
+    """The counts against ml_dtypes's cast of the values (formats.classify): flushed,
+    subnormal, and overflow as the cast rounds, ties included (464 rounds down to 448 in
+    E4M3, 61440 up to inf in E5M2)."""
     x = jnp.asarray(np.concatenate([np.random.default_rng(0).standard_normal(4000) * 1e-2,
-                                    [0.0, 463.0, 465.0, 7e4, 9e-4, 1e-3]]), jnp.float32)
+                                    [0.0, 463.0, 464.0, 465.0, 61440.0, 7e4, 9e-4, 1e-3]]),
+                    jnp.float32)
     for fmt, name in ((fp8.E4M3, "float8_e4m3fn"), (fp8.E5M2, "float8_e5m2")):
         q = jnp.clip(x, -fp8.LARGEST[fmt], fp8.LARGEST[fmt]).astype(fmt)
         counts = dict(zip(fp8_watch.COUNTS, np.asarray(fp8_watch.tally(x, x, q, fmt))))
@@ -24,13 +26,15 @@ def test_tally_counts_what_ml_dtypes_makes_of_each_value():
         n = x.size
         assert counts["elements"] == n and counts["nonzero"] == n - 1
         assert counts["flushed"] == round(ref["flushed"] * n)
-        # ml_dtypes makes an E4M3 value past 464 NaN (no inf): classify's "overflow"
-        over = np.asarray(x).astype(getattr(ml_dtypes, name)).astype(np.float32)
-        assert counts["overflow"] == np.sum(~np.isfinite(over) | (np.abs(over) > fp8.LARGEST[fmt]))
-        assert counts["overflow"] == (2 if fmt == fp8.E4M3 else 1)  # 465 and 7e4; 7e4 only
+        # ml_dtypes makes an E4M3 value past its largest NaN (no inf), an E5M2 one inf
+        cast = np.asarray(x).astype(getattr(ml_dtypes, name)).astype(np.float32)
+        assert counts["overflow"] == np.sum(~np.isfinite(cast))
+        # E4M3: 465, 61440 and 7e4 (464 is a tie that rounds down); E5M2: 61440 and 7e4
+        assert counts["overflow"] == (3 if fmt == fp8.E4M3 else 2)
         sub = np.asarray(q.astype(jnp.float32))
         assert counts["subnormal"] == np.sum((sub != 0) & (np.abs(sub) < ref_normal(name)))
         assert counts["unscaled_flushed"] == counts["flushed"]  # here x s = x
+        assert counts["unscaled_overflow"] == counts["overflow"]
 
 
 def ref_normal(name):
@@ -38,8 +42,9 @@ def ref_normal(name):
 
 
 def test_every_product_of_a_step_reports_and_watching_changes_nothing():
-    """One fp8 step of tiny: the weights each product reports add up to the blocks' matmul
-    weights (every product is watched, once), the three kinds all report, and the watched
+    """One fp8 step of tiny (no remat, one micro-batch: each cast runs once): the weights
+    the products report add up to the blocks' matmul weights, the three kinds report, and
+    the watched
     program's loss and update are bit-identical to the unwatched one's."""
     cfg, params, batch = setup("tiny")
     init, watched = build_train_step(cfg, Plan(precision="fp8"), KEEP_GRADIENT)
@@ -62,13 +67,19 @@ def test_every_product_of_a_step_reports_and_watching_changes_nothing():
     assert fractions["gradients"]["unscaled_flushed"] > 0.2 > fractions["gradients"]["flushed"]
 
 
-def test_only_programs_traced_inside_are_watched():
+def test_watching_is_decided_when_a_program_is_traced():
+    """A function traced before the context reports nothing inside it; one traced inside
+    keeps reporting after it (JAX caches the trace by function): build steps inside."""
     seen = []
-    f = jax.jit(lambda x: fp8.einsum("td,df->tf", x, x.T))
+    before = jax.jit(lambda x: fp8.einsum("td,df->tf", x, x.T))
     x = jnp.ones((4, 4))
-    f(x)
+    before(x)
     with fp8_watch.watching(lambda kind, counts: seen.append(kind)):
-        jax.jit(lambda x: fp8.einsum("td,df->tf", x, x.T))(x)
-        f(x)  # compiled before: unchanged
+        inside = jax.jit(lambda x: fp8.einsum("td,df->tf", x, x.T) * 2)
+        inside(x)
+        before(x)  # traced before: unchanged
     jax.effects_barrier()
     assert sorted(seen) == ["activations", "weights"]
+    inside(x)  # after the context, the program traced inside still reports
+    jax.effects_barrier()
+    assert sorted(seen) == ["activations", "activations", "weights", "weights"]

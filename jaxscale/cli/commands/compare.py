@@ -134,7 +134,8 @@ def _checked_plans(args, cfg, on_cpu: bool) -> dict:
     if on_cpu and not args.abstract:  # the host's limit first, as train states it
         devlib.check_cpu_count(args.devices)
     names, layouts = _strategy_names(args, args.devices, cfg)
-    plans = check_strategies(names, args.devices, cfg, layouts, args.precision)
+    plans = check_strategies(names, args.devices, cfg, layouts, args.precision,
+                             compare_judging.fp8_options(args))
     for name, plan in plans.items():
         if args.batch_size % (plan.dp * plan.micro_batches):
             need = max(p.dp * p.micro_batches for p in plans.values())

@@ -25,7 +25,7 @@ MUST_MATCH = ("model", "optimizer", "lr", "lr_schedule", "warmup", "steps", "bat
               "seed", "precision", "optimizer_state_dtype", "fp8_block", "fp8_head",
               "n_train_docs", "n_val_docs")
 # fields added after checkpoints were written without them: what those runs had
-BEFORE = {"optimizer_state_dtype": "fp32", "fp8_block": 128, "fp8_head": False}
+BEFORE = {"optimizer_state_dtype": "fp32", "fp8_block": 128, "fp8_head": False}  # (fp8.BLOCK)
 NO_FLAG = ("n_train_docs", "n_val_docs")  # set only through the Python API (TrainConfig)
 TMP_MARK = ".orbax-checkpoint-tmp"
 MANIFEST = "jaxscale-files.json"
