@@ -64,21 +64,30 @@ def observe(kind: str, x, scaled, q, fmt) -> None:
 
 
 def tally(x, scaled, q, fmt) -> jax.Array:
-    """The COUNTS of one cast as an int32 vector. Overflow is what the cast itself makes of
-    x s (not finite, or past the largest value), so the rounding ties come out as in
-    ml_dtypes and XLA: 464 rounds to 448 in E4M3, 61440 to inf in E5M2."""
+    """The COUNTS of one cast as an int32 vector. Overflow is what the cast makes of x s,
+    rounding ties included (464 rounds to 448 in E4M3, 61440 to inf in E5M2): `_past`."""
     info = ml_dtypes.finfo(fmt)
-    largest, normal = float(info.max), float(info.smallest_normal)
     x32, qf = x.astype(jnp.float32), q.astype(jnp.float32).reshape(x.shape)
-    cast = scaled.reshape(x.shape).astype(fmt).astype(jnp.float32)  # before any clipping
-    plain = x32.astype(fmt).astype(jnp.float32)  # no scale at all
-
-    def past(c):
-        return ~jnp.isfinite(c) | (jnp.abs(c) > largest)
+    past = _past(fmt)
     nonzero = x32 != 0
-    counts = (jnp.ones_like(x32, bool), nonzero, past(cast), nonzero & (qf == 0),
-              (qf != 0) & (jnp.abs(qf) < normal), nonzero & (plain == 0), past(plain))
+    half_step = float(info.smallest_subnormal) / 2  # at most this, a plain cast gives 0
+    counts = (jnp.ones_like(x32, bool), nonzero, past(scaled.reshape(x.shape)),
+              nonzero & (qf == 0), (qf != 0) & (jnp.abs(qf) < float(info.smallest_normal)),
+              nonzero & (jnp.abs(x32) <= half_step), past(x32))
     return jnp.stack([jnp.sum(c, dtype=jnp.int32) for c in counts])
+
+
+def _past(fmt):
+    """v -> whether casting v to fmt rounds past its largest value: beyond the half step
+    above it, or onto that half step when round-to-nearest-even goes up there (the
+    largest value's last mantissa bit is 1: E5M2's 1.11 x 2^15, not E4M3's 1.110 x 2^8).
+    Comparisons only (the program runs them at every cast, every step)."""
+    info = ml_dtypes.finfo(fmt)
+    largest = float(info.max)
+    exponent = np.floor(np.log2(largest))
+    tie = largest + 2.0 ** (exponent - info.nmant) / 2
+    odd = int(round((largest / 2.0 ** exponent - 1) * 2 ** info.nmant)) % 2 == 1
+    return lambda v: ~jnp.isfinite(v) | ((jnp.abs(v) >= tie) if odd else (jnp.abs(v) > tie))
 
 
 def _deliver(report, kind, counts) -> None:
