@@ -84,9 +84,10 @@ def quantize(x, fmt, tiles: dict | None = None,
     else:
         x32, a = x.astype(jnp.float32), amax(x)
     scale = jnp.where(a > 0, LARGEST[fmt] / jnp.maximum(a, 1e-30), 1.0)
-    q = jnp.clip(x32 * scale, -LARGEST[fmt], LARGEST[fmt]).astype(fmt)
+    s = x32 * scale  # what is cast (`scaled`), and what a watcher counts
+    q = jnp.clip(s, -LARGEST[fmt], LARGEST[fmt]).astype(fmt)
     if kind is not None:
-        fp8_watch.observe(kind, x, x32 * scale, q, fmt)
+        fp8_watch.observe(kind, x, s, q, fmt)
     return q.reshape(x.shape), scale
 
 
