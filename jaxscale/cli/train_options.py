@@ -146,6 +146,10 @@ def _compute(t, d) -> None:
     t.add_argument("--fp8-head", action="store_true",
                    help="with an fp8 precision: the output head multiplies in FP8 too "
                         "(default: bf16, as most recipes keep it)")
+    t.add_argument("--fp8-history", type=_number(), default=d.fp8_history, metavar="N",
+                   help="with --precision fp8-delayed: how many steps of amaxes each "
+                        "tensor's scale is taken from (the largest of them; training "
+                        f"state, checkpointed; default {d.fp8_history})")
 
 
 def _checkpoints(t) -> None:

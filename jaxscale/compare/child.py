@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 
-from jaxscale.model import fp8
+from jaxscale.model import fp8, fp8_history
 from jaxscale.runtime.launcher import exit_text
 
 WORKER = (sys.executable, "-m", "jaxscale.compare.worker")
@@ -37,6 +37,8 @@ def mesh_label(plan: dict) -> str:
         parts.append(f"tile {plan['fp8_block']}")
     if plan.get("fp8_head"):
         parts.append("FP8 head")
+    if plan.get("fp8_history", fp8_history.HISTORY) != fp8_history.HISTORY:
+        parts.append(f"history {plan['fp8_history']}")
     return " ".join(parts)
 
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxscale.model import attention as attentionlib, fp8, rope
+from jaxscale.model import attention as attentionlib, fp8, fp8_history, rope
 from jaxscale.model.config import GPT2, Family
 
 # The outputs of the collectives inside a block (tp's, the cp ring's) carry this name, so
@@ -89,17 +89,17 @@ def attention(p, x, reduce=_same, kernel: str = "einsum", seq=None, family: Fami
     jaxscale.model.transformer.forward (it brings its own attend). With rotary positions q
     and k turn by their tokens' positions before anything else sees them; k and v may have
     fewer heads than q (grouped-query attention: the kernels repeat them)."""
-    dot = fp8.matmul(family.matmul, family.fp8_block)
-    q = _plus_bias(dot("btd,dhk->bthk", x, p["wq"]), p, "bq")
-    k = _plus_bias(dot("btd,dhk->bthk", x, p["wk"]), p, "bk")
-    v = _plus_bias(dot("btd,dhk->bthk", x, p["wv"]), p, "bv")
+    dot = products(p, family)
+    q = _plus_bias(dot("btd,dhk->bthk", x, "wq"), p, "bq")
+    k = _plus_bias(dot("btd,dhk->bthk", x, "wk"), p, "bk")
+    v = _plus_bias(dot("btd,dhk->bthk", x, "wv"), p, "bv")
     if family.position == "rope":
         where = positions(seq, x.shape[1])
         q = rope.rotate(q, where, family.rope_theta, family.rope_scaling)
         k = rope.rotate(k, where, family.rope_theta, family.rope_scaling)
     k, v = local_kv(k, v, q.shape[2], family, tp_axis)
     out = (attentionlib.attend if seq is None else seq.attend)(q, k, v, kernel)
-    return _plus_bias(reduce(dot("bthk,hkd->btd", out, p["wo"])), p, "bo")
+    return _plus_bias(reduce(dot("bthk,hkd->btd", out, "wo")), p, "bo")
 
 
 def mlp(p, x, reduce=_same, family: Family = GPT2):
@@ -109,13 +109,22 @@ def mlp(p, x, reduce=_same, family: Family = GPT2):
     if ("w3" in p) != (family.mlp == "swiglu"):
         raise ValueError(f"the parameters {'have' if 'w3' in p else 'lack'} W3 but the "
                          f"family's MLP is {family.mlp!r}: pass the model's family")
-    dot = fp8.matmul(family.matmul, family.fp8_block)
-    up = _plus_bias(dot("btd,df->btf", x, p["w1"]), p, "b1")
+    dot = products(p, family)
+    up = _plus_bias(dot("btd,df->btf", x, "w1"), p, "b1")
     if family.mlp == "swiglu":
-        hidden = jax.nn.silu(up) * _plus_bias(dot("btd,df->btf", x, p["w3"]), p, "b3")
+        hidden = jax.nn.silu(up) * _plus_bias(dot("btd,df->btf", x, "w3"), p, "b3")
     else:
         hidden = jax.nn.gelu(up)
-    return _plus_bias(reduce(dot("btf,fd->btd", hidden, p["w2"])), p, "b2")
+    return _plus_bias(reduce(dot("btf,fd->btd", hidden, "w2")), p, "b2")
+
+
+def products(p, family: Family = GPT2):
+    """dot(spec, x, name): x times the layer's weight p[name] under the family's matmul
+    recipe, with the product's amax history where the layer carries one (fp8-delayed:
+    jaxscale.model.fp8_history.attach)."""
+    dot = fp8.matmul(family.matmul, family.fp8_block)
+    seen = p.get(fp8_history.BLOCKS, {})
+    return lambda spec, x, name: dot(spec, x, p[name], history=seen.get(name))
 
 
 def tp_operators(tp_axis: str | None, sequence_parallel: bool = False):

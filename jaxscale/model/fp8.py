@@ -7,8 +7,10 @@ the format's range before the cast, and the product is scaled back:
     s_x = 448 / amax(x)            x8 = cast_e4m3(clip(x * s_x))          (likewise W)
     y   = (x8 @ W8) / (s_x s_W)    accumulated in fp32, returned in the compute dtype
 
-with amax(x) = max |x| over this step's tensor ("current" scaling; Transformer Engine's
-delayed scaling takes it from a history of earlier steps instead). One large value then
+with amax(x) = max |x| over this step's tensor ("current" scaling). `fp8-delayed`
+(Transformer Engine's recipe) takes the largest amax of the last H steps instead (training
+state: jaxscale.model.fp8_history), so the scale is known before the tensor is, and a value
+beyond the history's range saturates at the format's largest. One large value then
 sets the scale of the whole tensor, and the rest may fall below E4M3's smallest steps:
 `fp8-block` (DeepSeek-V3's fine-grained recipe) keeps a scale per tile instead, 1 x 128
 along the contracted axis for activations and gradients, 128 x 128 for weights (`blocks`),
@@ -47,15 +49,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxscale.model import fp8_watch
-from jaxscale.runtime.vma import varying_axes
+from jaxscale.runtime.vma import vary, varying_axes
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 LARGEST = {E4M3: 448.0, E5M2: 57344.0}
-# the mesh axis that splits one tensor's elements within a sample (jaxscale.parallel.axes
-# names it): the amax is a max over it where the value varies over it (dp and cp split rows
-# and tokens, which each device scales on its own; pp splits the layer stack)
+# the mesh axis that splits one tensor's elements within a sample: the amax is a max over it
+# where the value varies over it (dp and cp split rows and tokens, which each device scales
+# on its own, current scaling; pp splits the layer stack)
 SPLIT = ("tp",)
-RECIPES = ("native", "fp8", "fp8-block")
+RECIPES = ("native", "fp8", "fp8-delayed", "fp8-block")
 BLOCK = 128  # fp8-block's tile: DeepSeek-V3's 1 x 128 activations, 128 x 128 weights
 
 
@@ -71,24 +73,32 @@ def amax(x) -> jax.Array:
     return lax.pmax(local, axes) if axes else local
 
 
-def quantize(x, fmt, tiles: dict | None = None,
-             kind: str | None = None) -> tuple[jax.Array, jax.Array]:
+def quantize(x, fmt, tiles: dict | None = None, kind: str | None = None,
+             scale=None) -> tuple[jax.Array, jax.Array]:
     """(x scaled into fmt's range and cast to it, the scale): x ~ q / scale. One scale for
     the tensor, or with `tiles` ({axis: tile length}) one per tile (`blocks`). A zero tensor
     or tile keeps scale 1; values beyond the range after rounding saturate at +-LARGEST.
-    `kind` (one of fp8_watch.KINDS) names the tensor to a watcher (fp8_watch.watching)."""
+    `kind` (one of fp8_watch.KINDS) names the tensor to a watcher (fp8_watch.watching).
+    `scale`: one given scale (the delayed recipe's) instead of the tensor's own."""
     if tiles:
         shape, keep = _tiled(x.shape, tiles)
         x32 = x.astype(jnp.float32).reshape(shape)
         a = jnp.max(jnp.abs(x32), axis=keep, keepdims=True)  # per tile, on this device
     else:
-        x32, a = x.astype(jnp.float32), amax(x)
-    scale = jnp.where(a > 0, LARGEST[fmt] / jnp.maximum(a, 1e-30), 1.0)
+        x32 = x.astype(jnp.float32)
+        a = amax(x) if scale is None else None
+    if scale is None:
+        scale = scale_for(a, fmt)
     s = x32 * scale  # what is cast (`scaled`), and what a watcher counts
     q = jnp.clip(s, -LARGEST[fmt], LARGEST[fmt]).astype(fmt)
     if kind is not None:
         fp8_watch.observe(kind, x, s, q, fmt)
     return q.reshape(x.shape), scale
+
+
+def scale_for(a, fmt) -> jax.Array:
+    """The scale that maps an amax `a` onto fmt's largest value (1 where a is 0)."""
+    return jnp.where(a > 0, LARGEST[fmt] / jnp.maximum(a, 1e-30), 1.0)
 
 
 def dequantize(q, scale, tiles: dict | None = None) -> jax.Array:
@@ -166,10 +176,10 @@ def check_tiles(dims: dict[str, int], block: int = BLOCK) -> None:
                              f"that fit: {', '.join(map(str, fits)) or 'none of 16 to 256'}")
 
 
-def einsum(spec: str, a, b, block: int = 0):
+def einsum(spec: str, a, b, block: int = 0, history=None):
     """jnp.einsum(spec, a, b) with both operands in E4M3 and the incoming gradient in E5M2
     (module docstring); a and b: activations and weights in the compute dtype. `block` > 0:
-    scales per tile (`blocks`) instead of per tensor."""
+    scales per tile (`blocks`) instead of per tensor. (`history`: fp8-delayed's, unused.)"""
     return _einsum(spec, jnp.dtype(a.dtype), jnp.dtype(b.dtype), block, a, b)
 
 
@@ -209,13 +219,82 @@ def _like(grad, primal, dtype):
 _einsum.defvjp(_forward, _backward)
 
 
+# --------------------------------------------------------------------------------------
+# fp8-delayed: the scales from a history of amaxes (Transformer Engine's recipe)
+# --------------------------------------------------------------------------------------
+# A product's history is [3, H], a row per operand, the newest step in column 0; it reports
+# this step's amaxes as the history's cotangent, in column 0: how a value computed in
+# backward (the gradient's amax) leaves autodiff (jaxscale.model.fp8_history).
+ROWS = ("activation", "weight", "gradient")
+
+
+def delayed_scale(history, current, fmt) -> jax.Array:
+    """The delayed recipe's scale: from the largest amax of the history's row; a history
+    that has seen nothing (all zeros: the first step, or a forward run without one) takes
+    this step's amax `current` (current scaling)."""
+    seen = jnp.max(history)
+    return scale_for(jnp.where(seen > 0, seen, current), fmt)
+
+
+def delayed_einsum(spec: str, a, b, history=None):
+    """`einsum` with per-tensor scales from the amax `history` [3, H] (see ROWS); without
+    one, current scaling (the `fp8` recipe)."""
+    if history is None:
+        return einsum(spec, a, b)
+    return _delayed(spec, jnp.dtype(a.dtype), jnp.dtype(b.dtype), a, b, history)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _delayed(spec, a_dtype, b_dtype, a, b, history):
+    return _delayed_forward(spec, a_dtype, b_dtype, a, b, history)[0]
+
+
+def _delayed_forward(spec, a_dtype, b_dtype, a, b, history):
+    seen = jnp.stack([amax(a), amax(b)])  # this step's, for the history
+    a8, sa = quantize(a, E4M3, kind="activations",
+                      scale=delayed_scale(history[0], seen[0], E4M3))
+    b8, sb = quantize(b, E4M3, kind="weights", scale=delayed_scale(history[1], seen[1], E4M3))
+    y = jnp.einsum(spec, dequantize(a8, sa), dequantize(b8, sb), preferred_element_type=a_dtype)
+    return y, (a8, sa, b8, sb, seen, history)
+
+
+def _delayed_backward(spec, a_dtype, b_dtype, saved, dy):
+    a8, sa, b8, sb, seen, history = saved
+    g = amax(dy)
+    g8, sg = quantize(dy, E5M2, kind="gradients", scale=delayed_scale(history[2], g, E5M2))
+    _, pull = jax.vjp(lambda a, b: jnp.einsum(spec, a, b, preferred_element_type=jnp.float32),
+                      dequantize(a8, sa), dequantize(b8, sb))
+    da, db = pull(dequantize(g8, sg))
+    amaxes = jnp.concatenate([seen, g[None]])[:, None]  # column 0, zeros after it
+    reported = jnp.pad(amaxes, ((0, 0), (0, history.shape[1] - 1)))
+    return _like(da, a8, a_dtype), _like(db, b8, b_dtype), _as_history(reported, history)
+
+
+def _as_history(reported, history):
+    """The reported amaxes varying exactly as the history does: a max over devices it does
+    not vary over (every device of a split scales alike, so this is their common value)."""
+    extra = tuple(sorted(varying_axes(reported) - varying_axes(history)))
+    reported = lax.pmax(reported, extra) if extra else reported
+    return vary(reported, tuple(sorted(varying_axes(history))))
+
+
+_delayed.defvjp(_delayed_forward, _delayed_backward)
+
+
+def _native(spec, a, b, history=None):  # (a history is fp8-delayed's only)
+    return jnp.einsum(spec, a, b)
+
+
 def matmul(recipe: str, block: int = BLOCK):
-    """The einsum a block multiplies with under `recipe`: jnp.einsum ("native"), the FP8
-    one with a scale per tensor ("fp8"), or per tile of `block` ("fp8-block")."""
+    """The einsum a block multiplies with under `recipe`, called (spec, a, b, history=None):
+    jnp.einsum ("native"), the FP8 one with a scale per tensor ("fp8"), per tile of `block`
+    ("fp8-block"), or per tensor from the product's amax `history` ("fp8-delayed")."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown matmul recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     if recipe == "fp8-block" and (not isinstance(block, int) or block < 1):
         raise ValueError(f"fp8-block's tile must be a positive integer, got {block!r}")
     if recipe == "native":
-        return jnp.einsum
+        return _native
+    if recipe == "fp8-delayed":
+        return delayed_einsum
     return partial(einsum, block=block if recipe == "fp8-block" else 0)

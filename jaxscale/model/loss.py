@@ -12,9 +12,10 @@ import optax
 from flax import nnx
 
 
-def nll_and_count(graphdef, params, batch) -> tuple[jax.Array, jax.Array]:
-    """(sum of target-token NLLs, number of target tokens) over a batch; padding excluded."""
-    return logits_nll_and_count(nnx.merge(graphdef, params)(batch["tokens"]), batch)
+def nll_and_count(graphdef, params, batch, history=None) -> tuple[jax.Array, jax.Array]:
+    """(sum of target-token NLLs, number of target tokens) over a batch; padding excluded.
+    `history`: fp8-delayed's amax histories (jaxscale.model.fp8_history), if any."""
+    return logits_nll_and_count(nnx.merge(graphdef, params)(batch["tokens"], history), batch)
 
 
 def logits_nll_and_count(logits, batch) -> tuple[jax.Array, jax.Array]:
@@ -25,7 +26,7 @@ def logits_nll_and_count(logits, batch) -> tuple[jax.Array, jax.Array]:
     return jnp.sum(nll * mask), jnp.sum(mask)
 
 
-def loss_fn(graphdef, params, batch) -> jax.Array:
+def loss_fn(graphdef, params, batch, history=None) -> jax.Array:
     """Mean NLL per target token of the whole batch (sum / count, not a mean of means)."""
-    total, count = nll_and_count(graphdef, params, batch)
+    total, count = nll_and_count(graphdef, params, batch, history)
     return total / count

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxscale.model import fp8_history
 from jaxscale.model.formats import PrecisionError, dtype_of
 
 
@@ -21,12 +22,17 @@ class Policy:
     initial_scale: float = 2.0**15
     growth_interval: int = 2000  # dynamic: finite steps in a row before doubling the scale
     matmul: str = "native"  # how a block's matrix multiplies compute (jaxscale.model.fp8)
+    fp8_history: int = 0  # fp8-delayed: steps of amax history (jaxscale.model.fp8_history)
+    fp8_head: bool = False  # fp8-delayed: the output head keeps a history too
 
     def __post_init__(self):
         dtype_of(self.param_dtype)
         if self.loss_scale not in ("none", "static", "dynamic"):
             raise PrecisionError(f"unknown loss scaling {self.loss_scale!r}; choose from none, "
                                  "static, dynamic")
+        if self.matmul == "fp8-delayed" and self.fp8_history < 1:
+            raise PrecisionError(f"fp8-delayed needs an amax history of at least one step, "
+                                 f"got {self.fp8_history}")
         if not self.initial_scale > 0 or self.growth_interval < 1:
             raise PrecisionError("initial_scale must be > 0 and growth_interval >= 1")
 
@@ -51,6 +57,8 @@ POLICIES = {
     "fp16": Policy("fp16", "float16", master_weights=True, loss_scale="dynamic"),
     "bf16-pure": Policy("bf16-pure", "bfloat16", master_weights=False),
     "fp8": Policy("fp8", "bfloat16", master_weights=True, matmul="fp8"),
+    "fp8-delayed": Policy("fp8-delayed", "bfloat16", master_weights=True, matmul="fp8-delayed",
+                          fp8_history=fp8_history.HISTORY),
     "fp8-block": Policy("fp8-block", "bfloat16", master_weights=True, matmul="fp8-block"),
 }
 POLICY_HELP = {
@@ -60,6 +68,8 @@ POLICY_HELP = {
     "bf16-pure": "bfloat16 everywhere, optimizer state included; no master weights",
     "fp8": "bf16, with the blocks' matrix multiplies in FP8 (E4M3 forward, E5M2 gradients, "
            "per-tensor current scaling)",
+    "fp8-delayed": "fp8 with each tensor's scale from the largest amax of its last steps "
+                   "(Transformer Engine's delayed scaling; --fp8-history steps)",
     "fp8-block": "fp8 with a scale per tile (DeepSeek-V3: 1x128 activations and gradients, "
                  "128x128 weights)",
 }

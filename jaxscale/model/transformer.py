@@ -34,7 +34,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale import garden
-from jaxscale.model import attention as attentionlib, fp8
+from jaxscale.model import attention as attentionlib, fp8, fp8_history
 from jaxscale.model.block import (COLLECTIVE, attention, block, layer_norm, mlp, norm,  # noqa: F401
                                   rms_norm, tp_operators)
 from jaxscale.model.config import GPT2, Family, ModelConfig, ModelConfigError
@@ -166,12 +166,14 @@ class Transformer(nnx.Module):
         if not cfg.tied_head:  # logits = h @ U, U [d, vocab] of its own
             self.unembed = _param(normal, rngs.params(), (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array, history=None) -> jax.Array:
+        """Logits; `history`: fp8-delayed's amax histories (model.fp8_history), if any."""
         t = tokens.shape[-1]
         if t > self.cfg.seq_len:
             raise ModelConfigError(f"sequence of {t} tokens exceeds seq_len={self.cfg.seq_len}")
         b = self.blocks
-        return forward(nnx.to_pure_dict(nnx.state(self, nnx.Param)), tokens, b.remat,
+        params = fp8_history.attach(nnx.to_pure_dict(nnx.state(self, nnx.Param)), history)
+        return forward(params, tokens, b.remat,
                        attention=b.attention, unroll=b.unroll, seq=sequence(self.cfg, tokens),
                        family=dataclasses.replace(self.cfg.family, matmul=b.matmul,
                                                   fp8_block=b.fp8_block, fp8_head=b.fp8_head))
@@ -241,9 +243,10 @@ def head(p, x, family: Family = GPT2):
     `fp8_head` (the head is the most sensitive product: most recipes keep it in bf16)."""
     x = norm(x, p["ln_f"], family)
     dot = fp8.matmul(family.matmul if family.fp8_head else "native", family.fp8_block)
+    seen = p.get(fp8_history.HEAD)  # fp8-delayed's amax history (fp8_history.attach)
     if "unembed" in p:
-        return dot("btd,dv->btv", x, p["unembed"])
-    return dot("btd,vd->btv", x, p["tok_embed"])
+        return dot("btd,dv->btv", x, p["unembed"], history=seen)
+    return dot("btd,vd->btv", x, p["tok_embed"], history=seen)
 
 
 # --------------------------------------------------------------------------------------

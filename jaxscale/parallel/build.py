@@ -10,7 +10,7 @@ import jax
 import optax
 from flax import nnx
 
-from jaxscale.model import attention, precision, transformer as modellib
+from jaxscale.model import attention, transformer as modellib
 from jaxscale.model.config import ModelConfig
 from jaxscale.parallel import layouts, step as steplib
 from jaxscale.parallel.canonical import Canonical
@@ -35,7 +35,7 @@ def build_train_step(model_cfg: ModelConfig, plan: Plan,
             attention.check_kernel(plan.attention, platform)
         except attention.KernelError as e:
             raise PlanError(str(e)) from None
-    pol = precision.policy(plan.precision)
+    pol = plan.policy()  # (fp8-delayed: with the plan's history options)
     graphdef = nnx.graphdef(modellib.abstract(model_cfg, remat=plan.remat,
                                               attention=plan.attention, unroll=plan.unroll,
                                               matmul=pol.matmul, fp8_block=plan.fp8_block,

@@ -53,15 +53,17 @@ def param_infos(shapes, specs=None):
 
 
 def map_state(state: steplib.TrainState, optimizer: optax.GradientTransformation, infos,
-              on_params, on_copy) -> steplib.TrainState:
+              on_params, on_copy, on_history=None) -> steplib.TrainState:
     """`state` with on_params(x, info) applied to each working parameter and on_copy(x, info)
     to the optimizer's copy: the master weights and the optimizer state's parameter trees
-    (found by optax.tree_map_params; a step count or other scalar passes unchanged)."""
+    (found by optax.tree_map_params; a step count or other scalar passes unchanged), and
+    on_history to fp8-delayed's amax histories (if any; default: unchanged)."""
     params = jax.tree.map(on_params, state.params, infos)
     master = None if state.master is None else jax.tree.map(on_copy, state.master, infos)
     opt_state = optax.tree_map_params(optimizer, on_copy, state.opt_state, infos,
                                       transform_non_params=lambda x: x)
-    return state._replace(params=params, master=master, opt_state=opt_state)
+    history = state.fp8 if on_history is None or state.fp8 is None else on_history(state.fp8)
+    return state._replace(params=params, master=master, opt_state=opt_state, fp8=history)
 
 
 # The order of the mesh axes that split a canonical tensor: pp first, so that the blocks'
@@ -108,11 +110,11 @@ class Canonical:
 
         def to(state):
             return map_state(state, optimizer, infos, layout.params_to_canonical,
-                             layout.copy_to_canonical)
+                             layout.copy_to_canonical, layout.history_to_canonical)
 
         def back(canonical):
             return map_state(canonical, optimizer, infos, layout.params_from_canonical,
-                             layout.copy_from_canonical)
+                             layout.copy_from_canonical, layout.history_from_canonical)
 
         if mesh is None and type(layout) is layouts.Replicated:  # Plan(): already canonical
             self.to_canonical = lambda state: state  # (no copy to wait for)

@@ -27,7 +27,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.model import precision
+from jaxscale.model import fp8_history, precision
 from jaxscale.model.loss import nll_and_count
 from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel import layouts, step as steplib
@@ -35,6 +35,7 @@ from jaxscale.parallel.step import PlanStep, shard_step
 from jaxscale.parallel.axes import DP
 from jaxscale.parallel.layouts import GradReduction, Replicated
 from jaxscale.runtime import mesh as meshlib
+from jaxscale.runtime.vma import vary
 
 
 def _split_micro_batches(batch: dict, m: int) -> dict:
@@ -52,22 +53,38 @@ def accumulated_value_and_grad(nll, micro_batches: int, reduction: GradReduction
     micro-batch's as they come, or their sum once per step, into an accumulator shaped to
     match. Returns (global loss, reduced gradients). `batch_axes`: the mesh axes the
     batch's tokens are split over (dp; with context parallelism dp and cp).
+
+    Under fp8-delayed (`history`, passed to `nll` third) each device also differentiates
+    its own copy of the amax histories; the amaxes they report are a max over the
+    micro-batches, then over `batch_axes`, returned third (jaxscale.model.fp8_history).
     """
-    def grad_fn(params, batch, multiplier):
+    def grad_fn(params, batch, multiplier, history=None):
         count = lax.psum(jnp.sum(batch["mask"]), batch_axes)
         mine = reduction.own(params)
+        axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+        seen = None if history is None else jax.tree.map(lambda h: vary(h, axes), history)
 
         def micro(acc, mb):
-            def f(p):
-                s = nll(p, mb)[0] / count
+            def f(p, h):
+                s = (nll(p, mb) if h is None else nll(p, mb, h))[0] / count
                 return (s if multiplier is None else s * multiplier), s
-            (_, s), g = jax.value_and_grad(f, has_aux=True)(mine)
-            return jax.tree.map(jnp.add, acc, (s, reduction.per_micro(g))), None
+            if seen is None:
+                (_, s), g = jax.value_and_grad(f, has_aux=True)(mine, None)
+                return jax.tree.map(jnp.add, acc, (s, reduction.per_micro(g))), None
+            (_, s), (g, reported) = jax.value_and_grad(f, (0, 1), has_aux=True)(mine, seen)
+            loss, grads, amaxes = acc
+            return (loss + s, jax.tree.map(jnp.add, grads, reduction.per_micro(g)),
+                    jax.tree.map(jnp.maximum, amaxes, fp8_history.newest(reported))), None
 
         zeros = (lax.pcast(jnp.float32(0), batch_axes, to="varying"),
                  jax.tree.map(jnp.zeros_like, reduction.accumulator(mine)))
-        (loss, grads), _ = lax.scan(micro, zeros, _split_micro_batches(batch, micro_batches))
-        return lax.psum(loss, batch_axes), reduction.per_step(grads)
+        if seen is not None:
+            zeros += (fp8_history.newest(jax.tree.map(jnp.zeros_like, seen)),)
+        out, _ = lax.scan(micro, zeros, _split_micro_batches(batch, micro_batches))
+        loss, grads = lax.psum(out[0], batch_axes), reduction.per_step(out[1])
+        if seen is None:
+            return loss, grads
+        return loss, grads, fp8_history.pmax(out[2], axes)
     return grad_fn
 
 

@@ -33,7 +33,7 @@ import optax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.model import fp8, precision, transformer as modellib
+from jaxscale.model import fp8, fp8_history, precision, transformer as modellib
 from jaxscale.model.config import ModelConfig
 from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel import context, step as steplib
@@ -183,7 +183,8 @@ def sequence_grad_fn(model_cfg, plan, layout, specs):
         return (context.sequence(mb, plan.cp, sp=sp) if seq_axes
                 else modellib.sequence(model_cfg, mb["tokens"]))
 
-    def nll(prm, mb):
+    def nll(prm, mb, history=None):
+        prm = fp8_history.attach(prm, history)
         if plan.zero_stage == 3:  # prm: my dp slices of my tp shards, gathered per unit
             logits = forward_gathered(prm, mb["tokens"], plan.remat, layout.fetch,
                                       plan.attention, plan.unroll, tp_axis, sequence(mb),
@@ -217,11 +218,22 @@ def sequence_grad_fn(model_cfg, plan, layout, specs):
 def _state_specs(plan, optimizer, pol, shapes, specs) -> steplib.TrainState:
     """Where each piece of the training state lives on the mesh."""
     flat = state_flat_specs(plan, specs)
+    history = jax.eval_shape(lambda p: steplib.init_state(p, optimizer, pol).fp8, shapes)
     return steplib.TrainState(
         flat if plan.zero_stage == 3 else specs, flat if pol.master_weights else None,
         optax.tree_map_params(optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, shapes),
                               flat, transform_non_params=lambda _: P(), is_leaf=is_spec),
-        P(), P(), P())
+        P(), P(), P(), _history_specs(plan, history))
+
+
+def _history_specs(plan, history):
+    """Where fp8-delayed's histories live: split over pp with their layers, replicated
+    otherwise (jaxscale.model.fp8_history); None without them."""
+    if history is None:
+        return None
+    layers = P(PP) if plan.pp > 1 else P()
+    return {"blocks": jax.tree.map(lambda _: layers, history["blocks"]),
+            **({"head": P()} if "head" in history else {})}
 
 
 def _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order):

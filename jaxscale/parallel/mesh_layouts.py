@@ -57,6 +57,19 @@ class HybridCanonical:
     def params_from_canonical(self, x, info):
         return _reorder(x, info, self.order)
 
+    def history_to_canonical(self, history):
+        return _reorder_history(history, self.inverse)
+
+    def history_from_canonical(self, history):
+        return _reorder_history(history, self.order)
+
+
+def _reorder_history(history, perm):
+    """fp8-delayed's histories with the blocks' layers in the order `perm` (None: as they are)."""
+    if history is None or perm is None:
+        return history
+    return {**history, "blocks": jax.tree.map(lambda h: h[jnp.asarray(perm)], history["blocks"])}
+
 
 class MeshLayout(HybridCanonical, layouts.Replicated):
     """The optimizer works on each device's shards; reductions know which axes split what."""

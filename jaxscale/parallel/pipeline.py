@@ -30,12 +30,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxscale.model import transformer as modellib
+from jaxscale.model import fp8_history, transformer as modellib
 from jaxscale.model.config import GPT2, Family
 from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel.axes import DP, PP
 from jaxscale.parallel.layouts import GradReduction
 from jaxscale.parallel.split_backward import StageParts, input_gradient, weight_gradient
+from jaxscale.parallel.tick_accumulate import Accumulate, per_micro as _per_micro
 from jaxscale.parallel.tick_table import TickTable
 from jaxscale.runtime.vma import cotangent, vary, zeros_like
 
@@ -86,7 +87,7 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
                   for f in Tick._fields))
     last_device = 0 if table.vee else p - 1  # where the last virtual stage (the loss) is
 
-    def grad_fn(params, batch, multiplier):
+    def grad_fn(params, batch, multiplier, history=None):
         stage = lax.axis_index(pp_axis)
         count = lax.psum(jnp.sum(batch["mask"]), dp_axis)
         mbs = jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
@@ -94,6 +95,7 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
         # which inside lax.switch would wait for devices in another branch (tp's all-reduces
         # are fine there: a stage's tp group always takes the same branch)
         mine = jax.tree.map(lambda x: vary(x, (dp_axis, pp_axis)), params)
+        acc = Accumulate(history, (dp_axis, pp_axis))  # (and fp8-delayed's amaxes)
         per_chunk = jax.tree.leaves(params["blocks"])[0].shape[0] // v
 
         def chunk_blocks(blocks, chunk):
@@ -103,17 +105,15 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
         def head_loss(prm, h, mb):
             return logits_nll_and_count(head(prm, h), mb)[0] / count
 
-        def stage_fn(prm, x, mb, chunk):
+        def stage_fn(prm, x, mb, chunk):  # prm: with the histories attached, if any
             first, last = (stage == 0) & (chunk == 0), (stage == last_device) & (chunk == v - 1)
             h = jnp.where(first, embed(prm, mb["tokens"]).astype(x.dtype), x)
             h = layers(chunk_blocks(prm["blocks"], chunk), h)
             return h, jnp.where(last, head_loss(prm, h, mb), 0.0)
-
         b, t = mbs["tokens"].shape[1:]
         d = d_model or params["tok_embed"].shape[-1]
         act = vary(jnp.zeros((b, t, d), params["tok_embed"].dtype), (dp_axis, pp_axis))
-        ct = jnp.float32(1.0) if multiplier is None else multiplier
-        held = ()
+        ct, held = (jnp.float32(1.0) if multiplier is None else multiplier), ()
         if table.split:  # B's boundary activations and their gradients, waiting for W
             parts = StageParts(
                 embed, lambda p_l, h: modellib.block(p_l, h, tp_axis, plan.attention,
@@ -121,26 +121,29 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
                 head_loss, chunk_blocks, None if plan.remat == "none"
                 else modellib.REMAT_POLICIES[plan.remat], plan.unroll)
             branches = _split_branches(parts, stage_fn, stage, mine, last_device, v, reduction,
-                                       ct)
+                                       ct, acc)
             held = (jnp.zeros((table.wslots, per_chunk + 1, *act.shape), act.dtype) + act,) * 2
         else:
-            branches = _joint_branches(stage_fn, mine, p, v, stage, reduction, ct)
+            branches = _joint_branches(stage_fn, mine, p, v, stage, reduction, ct, acc)
         carry = (jnp.zeros((table.slots, *act.shape), act.dtype) + act,
                  jnp.zeros((table.gslots, *act.shape), act.dtype) + act,
-                 jax.tree.map(zeros_like, reduction.accumulator(mine)),
+                 acc.zeros(reduction.accumulator(mine)),
                  zeros_like(act.sum()).astype(jnp.float32), held)
-        (_, _, grads, loss, _), _ = lax.scan(
-            _tick_fn(branches, stage, mbs, p, pp_axis, table.vee), carry, rows)
+        (_, _, out, loss, _), _ = lax.scan(
+            _tick_fn(branches, stage, mbs, p, pp_axis, table.vee, acc.add), carry, rows)
+        grads, amaxes = acc.parts(out)
         grads = jax.tree.map(lambda g, shared: lax.psum(g, pp_axis) if shared else g,
                              reduction.per_step(grads), replicated_over_pp)
-        return lax.psum(loss, (dp_axis, pp_axis)), grads
+        loss = lax.psum(loss, (dp_axis, pp_axis))
+        return (loss, grads) if amaxes is None else (loss, grads, acc.reduce(amaxes))
 
     return grad_fn
 
 
-def _joint_branches(stage_fn, mine, p, v, stage, reduction, ct):
+def _joint_branches(stage_fn, mine, p, v, stage, reduction, ct, acc):
     """idle, F and B for a schedule whose backward is one action: each returns (activation
-    for the next stage, gradient for the previous, weight gradients, loss, held ())."""
+    for the next stage, gradient for the previous, weight gradients (`acc`'s), loss, held
+    ())."""
     def branches(now, x, dy, mb, grads, loss, held):
         last = (stage == p - 1) & (now.chunk == v - 1)  # its output feeds the loss
         dy = jnp.where(last, jnp.zeros_like(dy), dy)
@@ -150,21 +153,23 @@ def _joint_branches(stage_fn, mine, p, v, stage, reduction, ct):
             return *nothing, zeros_like(loss), held
 
         def forward():
-            y, loss_j = stage_fn(mine, x, mb, now.chunk)
+            y, loss_j = acc.model(stage_fn, mine, x, mb, now.chunk)
             return y, *nothing[1:], loss_j, held
 
         def backward():
-            (_, loss_j), vjp = jax.vjp(lambda prm, h: stage_fn(prm, h, mb, now.chunk), mine, x)
-            d_params, dx = vjp((dy, cotangent(ct, loss_j)))
-            return zeros_like(x), dx, reduction.per_micro(d_params), zeros_like(loss), held
+            loss_j, vjp = acc.vjp(stage_fn, mine, x, mb, now.chunk)
+            d_params, dx = vjp(dy, cotangent(ct, loss_j))
+            d_params = acc.own_head(d_params, last)
+            return zeros_like(x), dx, _per_micro(reduction, d_params, acc), zeros_like(loss), held
 
         return [idle, forward, backward]
     return branches
 
 
-def _split_branches(parts, stage_fn, stage, mine, last_device, v, reduction, ct):
+def _split_branches(parts, stage_fn, stage, mine, last_device, v, reduction, ct, acc):
     """idle, F, B (input gradient) and W (weights) for a zero-bubble schedule; B writes its
-    boundary activations and gradients into `held` (slot now.wslot), W reads them there."""
+    boundary activations and gradients into `held` (slot now.wslot), W reads them there.
+    Under fp8-delayed W reports the amaxes (it runs every product's backward again)."""
     def branches(now, x, dy, mb, grads, loss, held):
         first = (stage == 0) & (now.chunk == 0)
         last = (stage == last_device) & (now.chunk == v - 1)
@@ -175,24 +180,26 @@ def _split_branches(parts, stage_fn, stage, mine, last_device, v, reduction, ct)
             return *nothing, zero, held
 
         def forward():
-            y, loss_j = stage_fn(mine, x, mb, now.chunk)
+            y, loss_j = acc.model(stage_fn, mine, x, mb, now.chunk)
             return y, *nothing[1:], loss_j, held
 
         def backward():
-            dx, h_new, g_new = input_gradient(parts, mine, x, mb, first, last, now.chunk, dy, ct)
+            dx, h_new, g_new = input_gradient(parts, fp8_history.attach(mine, acc.seen), x, mb,
+                                              first, last, now.chunk, dy, ct)
             return (nothing[0], dx, nothing[2], zero,
                     (hs.at[now.wslot].set(h_new), gs.at[now.wslot].set(g_new)))
 
         def weight():
             d_params = weight_gradient(parts, mine, hs[now.wslot], gs[now.wslot], mb, first,
-                                       last, now.chunk, ct)
-            return *nothing[:2], reduction.per_micro(d_params), zero, held
+                                       last, now.chunk, ct, acc.seen)
+            d_params = acc.own_head(d_params, last)
+            return *nothing[:2], _per_micro(reduction, d_params, acc), zero, held
 
         return [idle, forward, backward, weight]
     return branches
 
 
-def _tick_fn(branches, stage, mbs, p, pp_axis, vee=False):
+def _tick_fn(branches, stage, mbs, p, pp_axis, vee=False, add=None):
     """The scan body: this device's action at one tick (one branch of lax.switch), then the
     activation it produced goes to the next stage and the input gradient to the previous
     one. Chunks in a loop: around the ring, one ppermute each way (with interleaving the
@@ -218,6 +225,6 @@ def _tick_fn(branches, stage, mbs, p, pp_axis, vee=False):
             stash = put(put(stash, now.recv2, lax.ppermute(y, pp_axis, back)), now.keep, y)
             gstash = put(put(gstash, now.grecv2, lax.ppermute(dx, pp_axis, ring)),
                          now.gkeep, dx)
-        return (stash, gstash, jax.tree.map(jnp.add, grads, d_params), loss + loss_j,
-                held), None
+        grads = jax.tree.map(jnp.add, grads, d_params) if add is None else add(grads, d_params)
+        return (stash, gstash, grads, loss + loss_j, held), None
     return tick

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 
-from jaxscale.model import attention, fp8, precision, transformer as modellib
+from jaxscale.model import attention, fp8, fp8_history, precision, transformer as modellib
 from jaxscale.parallel import schedules as sched
 from jaxscale.runtime import mesh as meshlib
 
@@ -49,6 +49,7 @@ class Plan:
     unroll: bool = False  # the layers written out instead of one scanned loop body
     fp8_block: int = fp8.BLOCK  # precision fp8-block: the tile length (model.fp8.blocks)
     fp8_head: bool = False  # an fp8 precision: the output head multiplies in FP8 too
+    fp8_history: int = fp8_history.HISTORY  # precision fp8-delayed: the amax history's steps
 
     @property
     def n_devices(self) -> int:
@@ -132,8 +133,24 @@ class Plan:
                             "(--precision fp8-block)")
         if self.fp8_head is True and recipe == "native":
             raise PlanError(f"fp8_head puts the output head under an FP8 recipe, but the "
-                            f"precision {self.precision} has none; use precision=fp8 or "
-                            "fp8-block (--precision)")
+                            f"precision {self.precision} has none; use precision=fp8, "
+                            "fp8-delayed or fp8-block (--precision)")
+        length = self.fp8_history
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise PlanError(f"fp8_history is the number of steps whose amaxes set the "
+                            f"scales and must be a positive integer, got {length!r}")
+        if length != Plan.fp8_history and recipe != "fp8-delayed":
+            raise PlanError(f"fp8_history={length} sets the amax history of precision "
+                            f"fp8-delayed, but the precision is {self.precision}; use "
+                            "precision=fp8-delayed (--precision fp8-delayed)")
+
+    def policy(self) -> precision.Policy:
+        """The precision policy, with fp8-delayed's history options from this plan (the
+        shape of the history a state holds: jaxscale.model.fp8_history)."""
+        pol = precision.policy(self.precision)
+        if pol.matmul != "fp8-delayed":
+            return pol
+        return replace(pol, fp8_history=self.fp8_history, fp8_head=self.fp8_head)
 
     def family(self, model_cfg):
         """How a block computes under this plan: the model's family, multiplying as the
@@ -214,4 +231,4 @@ LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "zero": "zero_sta
                "micro_batches": "micro_batches", "schedule": "schedule", "virtual": "virtual",
                "remat": "remat", "precision": "precision", "attention": "attention",
                "unroll": "unroll", "sp": "sequence_parallel", "fp8_block": "fp8_block",
-               "fp8_head": "fp8_head"}
+               "fp8_head": "fp8_head", "fp8_history": "fp8_history"}

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxscale.model import fp8_history
 from jaxscale.runtime.vma import cotangent, vary, varying_axes
 
 
@@ -71,20 +72,28 @@ def input_gradient(parts: StageParts, prm, x, mb, first, last, chunk, dy, ct):
     return jnp.where(first, jnp.zeros_like(gs[0]), gs[0]), hs, gs
 
 
-def weight_gradient(parts: StageParts, prm, hs, gs, mb, first, last, chunk, ct):
+def weight_gradient(parts: StageParts, prm, hs, gs, mb, first, last, chunk, ct,
+                    history=None):
     """W: the gradients of all of `prm` (zero outside this chunk and stage's own pieces)
-    from B's boundary activations `hs` and their gradients `gs`."""
+    from B's boundary activations `hs` and their gradients `gs`. With fp8-delayed's
+    `history`: (those gradients, the amaxes its products report: model.fp8_history)."""
     block = parts.block if parts.remat_policy is None else jax.checkpoint(
         parts.block, policy=parts.remat_policy)  # what each layer keeps, as in the forward
 
-    def outputs(p):
+    def outputs(p, seen=None):
+        p = fp8_history.attach(p, seen)
         blocks = parts.chunk_blocks(p["blocks"], chunk)
         per_layer = jax.vmap(block)(blocks, hs[:-1])  # every layer at once
         h0 = jnp.where(first, parts.embed(p, mb["tokens"]).astype(hs.dtype),
                        jnp.zeros_like(hs[0]))
         return per_layer, h0, jnp.where(last, parts.head_loss(p, hs[-1], mb), 0.0)
 
-    (per_layer, h0, loss), pullback = jax.vjp(outputs, prm)
-    (d_prm,) = pullback((gs[1:], jnp.where(first, gs[0], jnp.zeros_like(gs[0])),
-                         cotangent(ct, loss)))
-    return d_prm
+    cts = lambda loss: (gs[1:], jnp.where(first, gs[0], jnp.zeros_like(gs[0])),  # noqa: E731
+                        cotangent(ct, loss))
+    if history is None:
+        (per_layer, h0, loss), pullback = jax.vjp(outputs, prm)
+        (d_prm,) = pullback(cts(loss))
+        return d_prm
+    (per_layer, h0, loss), pullback = jax.vjp(outputs, prm, history)
+    d_prm, reported = pullback(cts(loss))
+    return d_prm, fp8_history.newest(reported)

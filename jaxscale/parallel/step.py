@@ -31,6 +31,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxscale.model import fp8_history
 from jaxscale.model.loss import loss_fn
 from jaxscale.model.precision import Policy
 from jaxscale.parallel.axes import DP
@@ -44,6 +45,7 @@ class TrainState(NamedTuple):
     loss_scale: jax.Array  # float32 scalar; 1.0 without scaling
     good_steps: jax.Array  # int32: finite steps since the scale last changed
     skipped: jax.Array  # int32: updates skipped so far for non-finite gradients
+    fp8: Any = None  # fp8-delayed's amax histories (jaxscale.model.fp8_history), or None
 
 
 class Guard(NamedTuple):
@@ -85,19 +87,26 @@ def init_state(params32, optimizer: optax.GradientTransformation, pol: Policy,
     master = arrange(params32) if pol.master_weights else None
     opt_state = optimizer.init(master if pol.master_weights else arrange(working))
     scale = pol.initial_scale if pol.loss_scale != "none" else 1.0
+    history = (fp8_history.init(params32, pol.fp8_history, pol.fp8_head)
+               if pol.matmul == "fp8-delayed" else None)
     return TrainState(arrange(working) if arrange_params else working, master, opt_state,
-                      jnp.float32(scale), jnp.int32(0), jnp.int32(0))
+                      jnp.float32(scale), jnp.int32(0), jnp.int32(0), history)
 
 
 def local_value_and_grad(graphdef):
-    """grad_fn for one device: (loss, gradients of loss x multiplier); multiplier None = 1."""
-    def grad_fn(params, batch, multiplier):
-        def scaled(p):
-            loss = loss_fn(graphdef, p, batch)
+    """grad_fn for one device: (loss, gradients of loss x multiplier); multiplier None = 1.
+    With fp8-delayed's `history` it returns this step's amaxes third (see make_step)."""
+    def grad_fn(params, batch, multiplier, history=None):
+        def scaled(p, h):
+            loss = loss_fn(graphdef, p, batch, h)
             # no multiply at all when nothing is scaled: fp32 stays bit-identical to the plain step
             return (loss if multiplier is None else loss * multiplier), loss
-        (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(params)
-        return loss, grads
+        if history is None:
+            (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(params, None)
+            return loss, grads
+        (_, loss), (grads, reported) = jax.value_and_grad(scaled, argnums=(0, 1),
+                                                          has_aux=True)(params, history)
+        return loss, grads, fp8_history.newest(reported)
     return grad_fn
 
 
@@ -114,6 +123,9 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
     `grad_fn(params, batch, multiplier) -> (loss, grads)` computes the gradients (default:
     on one device; the data-parallel step passes one that reduces them over the mesh); they
     come in the `layout` of the optimizer's target (default `Replicated()`: whole tensors).
+    Under fp8-delayed it takes the state's amax histories fourth and returns the step's
+    amaxes third (a max over the step's micro-batches and devices), which the step rolls
+    into the histories (jaxscale.model.fp8_history).
     """
     layout = Replicated() if layout is None else layout
     plain = pol.loss_scale == "none" and isinstance(batch_factor, (int, float)) and batch_factor == 1
@@ -122,8 +134,13 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
     def step(state: TrainState, batch, guard: Guard | jax.Array | None = None):
         if guard is not None:  # a Guard, or its three scalars as one vector
             guard = Guard(*(guard[i] for i in range(3)))
-        loss, grads = grad_fn(state.params, batch,
-                              None if plain else state.loss_scale / batch_factor)
+        multiplier = None if plain else state.loss_scale / batch_factor
+        history = state.fp8
+        if history is None:
+            loss, grads = grad_fn(state.params, batch, multiplier)
+        else:
+            loss, grads, amaxes = grad_fn(state.params, batch, multiplier, history)
+            history = fp8_history.roll(history, amaxes)
         unscale = batch_factor / state.loss_scale
         grads32 = jax.tree.map(lambda g: g.astype(jnp.float32) * (1 if plain else unscale), grads)
         finite = layout.all_finite(
@@ -160,7 +177,8 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
             good = jnp.where(finite & ~grow, good + 1, 0)
         new_state = TrainState(keep(new_params, state.params), keep(new_master, state.master),
                                keep(opt_state, state.opt_state), scale, good,
-                               state.skipped + (~apply).astype(jnp.int32))
+                               state.skipped + (~apply).astype(jnp.int32),
+                               keep(history, state.fp8))
         metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
                    "loss_scale": state.loss_scale, "skipped": new_state.skipped,
                    "swallowed": swallowed, "accepted": accepted}

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.model import transformer as modellib, precision
+from jaxscale.model import fp8_history, transformer as modellib, precision
 from jaxscale.model.config import GPT2, Family
 from jaxscale.model.loss import logits_nll_and_count, nll_and_count
 from jaxscale.parallel.canonical import Canonical
@@ -101,12 +101,14 @@ def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = 
     def embed_unit(p, tokens):  # the first unit: nothing runs before it
         return modellib.embed(fetch(p, False), tokens, seq, family)
 
-    def layer(x, p):
-        return modellib.block(fetch(after(p, x), True), x, tp_axis, attention, seq,
-                              family), None
+    def layer(x, p):  # (fp8-delayed's histories are no slices: they pass by the gather)
+        p, seen = _apart(p, fp8_history.BLOCKS)
+        return modellib.block({**fetch(after(p, x), True), **seen}, x, tp_axis, attention,
+                              seq, family), None
 
     def head_unit(p, x):
-        return modellib.head(fetch(after(p, x), False), x, family)
+        p, seen = _apart(p, fp8_history.HEAD)
+        return modellib.head({**fetch(after(p, x), False), **seen}, x, family)
 
     saveable = jax.checkpoint_policies
     embed_unit = jax.checkpoint(embed_unit, policy=saveable.nothing_saveable)
@@ -121,8 +123,14 @@ def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = 
 
     def head(slices, x):  # the final norm and the output head: its own, or the token table
         own = "unembed" if "unembed" in slices else "tok_embed"
-        return head_unit({"ln_f": slices["ln_f"], own: slices[own]}, x)
+        unit = {k: slices[k] for k in ("ln_f", own, fp8_history.HEAD) if k in slices}
+        return head_unit(unit, x)
     return embed, layers, head
+
+
+def _apart(p: dict, key: str) -> tuple[dict, dict]:
+    """(p without `key`, {key: p[key]} or {}): a unit's slices apart from what is no slice."""
+    return {k: v for k, v in p.items() if k != key}, ({key: p[key]} if key in p else {})
 
 
 EMBED_UNIT = ("tok_embed", "pos_embed")
@@ -135,9 +143,9 @@ def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat:
     reduced as the layout's stage says (`layout.reduction()`). Stage 3 differentiates the
     slices themselves, each unit's parameters gathered where it runs."""
     if layout.stage == 3:
-        def nll(slices, mb):
-            logits = forward_gathered(slices, mb["tokens"], remat, layout.fetch, attention,
-                                      unroll, family=family)
+        def nll(slices, mb, history=None):
+            logits = forward_gathered(fp8_history.attach(slices, history), mb["tokens"], remat,
+                                      layout.fetch, attention, unroll, family=family)
             return logits_nll_and_count(logits, mb)
     else:
         nll = partial(nll_and_count, graphdef)
@@ -175,6 +183,7 @@ def build_zero(graphdef, plan, optimizer, pol: precision.Policy, param_shapes, d
     abstract = jax.eval_shape(fresh_state, param_shapes)
     check_elementwise(abstract.opt_state, jax.eval_shape(layout.flatten, param_shapes))
     state_specs = jax.tree.map(layout.spec, abstract)
+    state_specs = state_specs._replace(fp8=jax.tree.map(lambda _: P(), abstract.fp8))
     if plan.zero_stage < 3:  # the working parameters stay whole on every device
         state_specs = state_specs._replace(params=jax.tree.map(lambda _: P(), abstract.params))
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs)

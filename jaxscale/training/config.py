@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import optax
 
-from jaxscale.model import config as model_config, fp8, optim, precision
+from jaxscale.model import config as model_config, fp8, fp8_history, optim, precision
 from jaxscale.model.optim_states import STATE_DTYPES, check_state_dtype, states_in
 from jaxscale.parallel.hybrid import check_divisible
 from jaxscale.parallel.plan import Plan
@@ -39,6 +39,7 @@ class TrainConfig:
     optimizer_state_dtype: str = "fp32"  # fp32, or bf16: the optimizer's moments in bfloat16
     fp8_block: int = fp8.BLOCK  # precision fp8-block: its tile length
     fp8_head: bool = False  # an fp8 precision: the output head in FP8 too
+    fp8_history: int = fp8_history.HISTORY  # precision fp8-delayed: steps of amax history
     mesh: str = "dp=1"  # device mesh of the parallel Plan, e.g. "dp=8"
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
     remat: str = "none"  # activation recomputation: none, full, matmuls, selective
@@ -64,7 +65,8 @@ class TrainConfig:
                               schedule=self.schedule, virtual=self.virtual,
                               attention=self.attention, unroll=self.unroll,
                               sequence_parallel=self.sequence_parallel,
-                              fp8_block=self.fp8_block, fp8_head=self.fp8_head)
+                              fp8_block=self.fp8_block, fp8_head=self.fp8_head,
+                              fp8_history=self.fp8_history)
         return plan.validate(global_batch=self.batch_size) if validate else plan
 
     def validate(self) -> None:

@@ -8,7 +8,7 @@
       the learning-rate schedule, fp16's scale and its count of finite steps) and that the
       schedule is still changing across it; 4 steps give all of that, and a resumed
       process that went wrong in any of them parts from the straight run at its first
-      step, not its twentieth.)
+      step, not its twentieth.) And fp8-delayed under 3-D: its amax histories resume too.
     - saved under zero3 dp=8, 3-D and tp=4, resumed under five other plans: every step
       within 1e-5 relative of the uninterrupted single-device run
     - 12 SIGKILLs, each at a named phase of a save (checkpoint/crash.py: before writing,
@@ -59,7 +59,11 @@ def _config(strategy: str, base=BASE) -> TrainConfig:
                    schedule=plan.schedule, virtual=plan.virtual)
 
 
-CASES = {name: _config(name) for name in STRATEGIES} | {"fp16 micro-batches": FP16}
+# fp8-delayed's amax histories are state too (two steps long: full, and rolled, at the
+# save), split over pp with their layers, the head's with them
+FP8_DELAYED = replace(_config("3d"), precision="fp8-delayed", fp8_history=2, fp8_head=True)
+CASES = {name: _config(name) for name in STRATEGIES} | {"fp16 micro-batches": FP16,
+                                                       "fp8-delayed 3d": FP8_DELAYED}
 
 RESUME = textwrap.dedent("""
     import json, sys

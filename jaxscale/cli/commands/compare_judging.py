@@ -8,14 +8,15 @@ from jaxscale.model.precision import POLICIES
 
 
 def fp8_options(args) -> dict:
-    """The Plan fields --fp8-block and --fp8-head set, for every strategy alike; refused
-    (CompareError) without the --precision they belong to."""
+    """The Plan fields --fp8-block, --fp8-head and --fp8-history set, for every strategy
+    alike; refused (CompareError) without the --precision they belong to."""
     from jaxscale.compare.strategies import CompareError
     options = {k: v for k, v in (("fp8_block", args.fp8_block),
-                                 ("fp8_head", args.fp8_head or None)) if v is not None}
+                                 ("fp8_head", args.fp8_head or None),
+                                 ("fp8_history", args.fp8_history)) if v is not None}
     if options and args.precision is None:
         raise CompareError(f"--{next(iter(options)).replace('_', '-')} applies to an fp8 "
-                           "--precision (fp8 or fp8-block); give one")
+                           "--precision (fp8, fp8-delayed or fp8-block); give one")
     return options
 
 
@@ -30,6 +31,9 @@ def add_arguments(p) -> None:
     p.add_argument("--fp8-head", action="store_true",
                    help="with an fp8 --precision: the output head in FP8 too, for every "
                         "strategy alike")
+    p.add_argument("--fp8-history", type=_number(), default=None, metavar="N",
+                   help="with --precision fp8-delayed: the amax history's steps, for every "
+                        "strategy alike (default 16)")
     p.add_argument("--tolerance", type=_number(float, 0, exclusive=True), default=None,
                    metavar="REL", help="pass bound on the largest relative loss difference "
                                        "from the single device, instead of the measured one")

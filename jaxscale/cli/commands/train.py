@@ -97,6 +97,7 @@ def _config(args):
                       stop_gap=args.stop_gap, precision=args.precision,
                       optimizer_state_dtype=args.optimizer_state_dtype,
                       fp8_block=args.fp8_block, fp8_head=args.fp8_head,
+                      fp8_history=args.fp8_history,
                       mesh=args.mesh or "dp=1", micro_batches=args.micro_batches or 1,
                       remat=args.remat, zero_stage=args.zero, schedule=args.schedule,
                       sequence_parallel=args.sequence_parallel,

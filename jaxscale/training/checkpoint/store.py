@@ -23,9 +23,10 @@ FORMAT = 1
 # TrainConfig fields a resumed run must share with the checkpoint (the plan's may differ)
 MUST_MATCH = ("model", "optimizer", "lr", "lr_schedule", "warmup", "steps", "batch_size",
               "seed", "precision", "optimizer_state_dtype", "fp8_block", "fp8_head",
-              "n_train_docs", "n_val_docs")
+              "fp8_history", "n_train_docs", "n_val_docs")
 # fields added after checkpoints were written without them: what those runs had
-BEFORE = {"optimizer_state_dtype": "fp32", "fp8_block": 128, "fp8_head": False}  # (fp8.BLOCK)
+BEFORE = {"optimizer_state_dtype": "fp32", "fp8_block": 128, "fp8_head": False,  # (fp8.BLOCK)
+          "fp8_history": 16}  # (fp8_history.HISTORY)
 NO_FLAG = ("n_train_docs", "n_val_docs")  # set only through the Python API (TrainConfig)
 TMP_MARK = ".orbax-checkpoint-tmp"
 MANIFEST = "jaxscale-files.json"
