@@ -5,7 +5,8 @@ mesh axes split it and which hold copies. This module builds the plan's state (o
 devices given) and reads each array's sharding:
 
   name, kind        the parameter's path; parameter, master weight (fp32, for 16-bit
-                    policies), optimizer slot (mu, nu, trace, ...), or counter (scalars)
+                    policies), optimizer slot (mu, nu, trace, ...), counter (scalars), or
+                    amax history (fp8-delayed's, per product: jaxscale.model.fp8_history)
   logical axes      the model's names for the parameter's dimensions ("flat" or
                     "reshaped" where a layout keeps its own shape: ZeRO-1/2's slices)
   spec              its PartitionSpec on the mesh: which mesh axis splits which dimension
@@ -39,7 +40,9 @@ from jaxscale.parallel.plan import Plan
 
 PERSISTENT = ("parameter", "master weight", "optimizer slot")  # compare's model state
 TRANSIENT = ("gradient", "accumulator", "reduced gradient")  # inside the step only
-KINDS = (*PERSISTENT, "counter", *TRANSIENT)
+HISTORY = "amax history"  # fp8-delayed's: per tensor, not a model state compare measures
+HISTORY_AXES = ("layers", "operand", "step")  # a history's dimensions (fp8_history)
+KINDS = (*PERSISTENT, "counter", *TRANSIENT, HISTORY)
 
 
 def build(cfg, plan: Plan, devices, optimizer=None):
@@ -141,8 +144,11 @@ def _row(path, x, axes) -> dict:
     if x.ndim == 0:
         kind = "counter"
     else:
-        kind = {"params": "parameter", "master": "master weight"}.get(top, "optimizer slot")
-    logical = _lookup(axes, param_path)
+        kind = {"params": "parameter", "master": "master weight",
+                "fp8": HISTORY}.get(top, "optimizer slot")
+    logical = _lookup(axes, param_path) if kind != HISTORY else HISTORY_AXES[-x.ndim:]
+    if kind == HISTORY:  # named apart from the weight whose product it scales
+        param_path = ["fp8", *param_path]
     sharding = x.sharding
     piece = _piece_shape(x)
     holders = sharding.devices_indices_map(x.shape)
@@ -202,7 +208,7 @@ def totals(rows: list[dict]) -> dict:
     """Bytes per device by kind, and the model state (parameters + master weights +
     optimizer slots) that compare measures."""
     by_kind = {k: sum(r["bytes_per_device"] for r in rows if r["kind"] == k)
-               for k in (*PERSISTENT, "counter", *TRANSIENT)}
+               for k in KINDS}
     return {**by_kind, "model_state": sum(by_kind[k] for k in PERSISTENT)}
 
 

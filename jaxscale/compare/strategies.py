@@ -175,7 +175,7 @@ def check_strategies(names: list[str], n: int, cfg, layouts: tuple[str, ...] = (
     validated before anything compiles (CompareError if not). `precision`: the policy of
     every strategy, the single device and the control included, except a layout that
     names its own (so each is judged against its own single-device run); `fp8_options`
-    (Plan's fp8_block, fp8_head) go with it."""
+    (Plan's fp8_block, fp8_head, fp8_history) go with it."""
     plans = {}
     for name in [*names, *layouts]:
         plan = layout_plan(name, n) if name in layouts else strategy_plan(name, n, cfg)

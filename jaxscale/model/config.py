@@ -100,7 +100,7 @@ class Family:
     rope_scaling: tuple = ()
     norm_eps: float = 1e-5
     kv_heads: int = 0
-    matmul: str = "native"  # or "fp8", "fp8-block": the policy's (jaxscale.model.fp8)
+    matmul: str = "native"  # or "fp8", "fp8-delayed", "fp8-block": the policy's (model.fp8)
     fp8_block: int = 128  # fp8-block's tile length (model.fp8.BLOCK, DeepSeek-V3's 128)
     fp8_head: bool = False  # the output head multiplies under the recipe too
 

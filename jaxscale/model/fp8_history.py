@@ -19,8 +19,11 @@ One step with it:
 3. The gradient function takes `newest` of that cotangent, its max over micro-batches
    (and pipeline ticks), and `pmax` over the devices that hold other rows or tokens: the
    amax of the whole step's tensor, the same on every device.
-4. The step `roll`s it in: column 0 the new amaxes, the oldest column dropped (a skipped
-   step keeps the old history, like everything else it would have changed).
+4. The step `roll`s it in: column 0 the new amaxes, the oldest column dropped. It does so
+   whatever it decides about the update, as Transformer Engine does: a step dropped for
+   a spike that saturated against too small a history brings the amax its retry needs.
+   A non-finite amax is not rolled in (that product's history stays as it was): a NaN
+   would hide every amax before it, an inf would scale the tensor to zero.
 
 The history is replicated over dp, cp and tp (a product's amax is already a max over the
 tp devices that split it, fp8.amax) and split over pp with the layers it belongs to.
@@ -69,21 +72,37 @@ def newest(reported):
     return jax.tree.map(lambda r: r[..., 0], reported)
 
 
-def pmax(amaxes, axes: tuple[str, ...]):
-    """The max over `axes` of every amax, in one collective (XLA:CPU aborts when several
-    all-reduces are in flight at once on a device: fp8's module docstring)."""
+def pmax(amaxes, axes: tuple[str, ...], after=None):
+    """The max over `axes` of every amax, in one collective. XLA:CPU aborts when two
+    all-reduces are in flight at once on a device (fp8's module docstring), and a max
+    cannot join a sum's all-reduce: `after` (a scalar, e.g. the step's reduced loss) makes
+    it wait for that one (+ 0 x after: exact where after is finite, and a non-finite one
+    makes the amaxes non-finite, which `roll` leaves out)."""
     if not axes:
         return amaxes
     flat, unravel = ravel_pytree(amaxes)
+    if after is not None:
+        flat = flat + 0 * after
     return unravel(lax.pmax(flat, axes))
 
 
+def settled(loss, grads) -> jax.Array:
+    """A scalar computed from the step's reduced loss and the token table's reduced
+    gradient (every layout has one, and replicates it over tp): `pmax`'s `after`."""
+    return loss + jnp.ravel(grads["tok_embed"])[0].astype(jnp.float32)
+
+
 def roll(history, amaxes):
-    """The history one step on: `amaxes` in column 0, the oldest column dropped."""
-    return jax.tree.map(lambda h, a: jnp.concatenate([a[..., None], h[..., :-1]], axis=-1),
-                        history, amaxes)
+    """The history one step on: `amaxes` in column 0, the oldest column dropped; a
+    product whose amax is not finite keeps its history as it was."""
+    def one(h, a):
+        rolled = jnp.concatenate([a[..., None], h[..., :-1]], axis=-1)
+        return jnp.where(jnp.isfinite(a)[..., None], rolled, h)
+    return jax.tree.map(one, history, amaxes)
 
 
-def largest(history) -> dict:
-    """{product: [3] the largest amax each row has seen} (layers stacked: [L, 3])."""
-    return jax.tree.map(lambda h: jnp.max(h, axis=-1), history)
+def nbytes(n_layers: int, products: int, length: int, head: bool) -> int:
+    """The histories' bytes, closed form: for each product (`products` a layer, and the
+    head's), three fp32 amaxes a step for `length` steps: per tensor, not per parameter,
+    so small next to the weights."""
+    return (n_layers * products + int(head)) * len(fp8.ROWS) * length * 4

@@ -84,7 +84,7 @@ def accumulated_value_and_grad(nll, micro_batches: int, reduction: GradReduction
         loss, grads = lax.psum(out[0], batch_axes), reduction.per_step(out[1])
         if seen is None:
             return loss, grads
-        return loss, grads, fp8_history.pmax(out[2], axes)
+        return loss, grads, fp8_history.pmax(out[2], axes, fp8_history.settled(loss, grads))
     return grad_fn
 
 

@@ -135,7 +135,7 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
         grads = jax.tree.map(lambda g, shared: lax.psum(g, pp_axis) if shared else g,
                              reduction.per_step(grads), replicated_over_pp)
         loss = lax.psum(loss, (dp_axis, pp_axis))
-        return (loss, grads) if amaxes is None else (loss, grads, acc.reduce(amaxes))
+        return acc.outputs(loss, grads, amaxes)
 
     return grad_fn
 

@@ -177,8 +177,7 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
             good = jnp.where(finite & ~grow, good + 1, 0)
         new_state = TrainState(keep(new_params, state.params), keep(new_master, state.master),
                                keep(opt_state, state.opt_state), scale, good,
-                               state.skipped + (~apply).astype(jnp.int32),
-                               keep(history, state.fp8))
+                               state.skipped + (~apply).astype(jnp.int32), history)
         metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
                    "loss_scale": state.loss_scale, "skipped": new_state.skipped,
                    "swallowed": swallowed, "accepted": accepted}

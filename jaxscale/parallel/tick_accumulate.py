@@ -67,13 +67,20 @@ class Accumulate:
         grads, amaxes = d_params
         return grads, {**amaxes, "head": jnp.where(last, amaxes["head"], 0.0)}
 
-    def reduce(self, amaxes):
+    def outputs(self, loss, grads, amaxes):
+        """The grad_fn's: (loss, grads), and the step's amaxes third under fp8-delayed,
+        reduced after the loss and gradients (fp8_history.settled)."""
+        if amaxes is None:
+            return loss, grads
+        return loss, grads, self.reduce(amaxes, fp8_history.settled(loss, grads))
+
+    def reduce(self, amaxes, after=None):
         """The step's amaxes, the same on every device: everything over dp (its replicas
         ran other rows), then the head's over pp (only the loss's device saw it). The
         second collective takes the first's result, so they never run at once: see
         fp8_history.pmax."""
         dp_axis, pp_axis = self.axes
-        amaxes = fp8_history.pmax(amaxes, (dp_axis,))
+        amaxes = fp8_history.pmax(amaxes, (dp_axis,), after)
         if "head" in amaxes:
             amaxes = {**amaxes, "head": lax.pmax(amaxes["head"], pp_axis)}
         return amaxes

@@ -15,6 +15,7 @@ from conftest import setup
 from jaxscale.model import fp8, fp8_history
 from jaxscale.parallel.build import build_train_step
 from jaxscale.parallel.plan import Plan, PlanError
+from jaxscale.parallel.step import Guard
 
 SPEC = "btd,dhk->bthk"
 
@@ -71,9 +72,28 @@ def test_each_step_rolls_its_amaxes_into_the_history():
     for a, b in zip(jax.tree.leaves(first.fp8), jax.tree.leaves(second.fp8)):
         assert np.all(a[..., 0] > 0) and np.all(a[..., 1] == 0)  # step 1's, nothing before
         assert np.array_equal(b[..., 1], a[..., 0])  # one step on, it moved to column 1
+    # a step the guard drops still rolls its amaxes in (Transformer Engine's rule: a
+    # spike that saturated brings the amax its retry needs); the update is dropped
+    third, metrics = step(second, batch, Guard.make(loss_max=0.0))
+    assert not bool(metrics["accepted"])
+    assert all(np.array_equal(a, b) for a, b in
+               zip(jax.tree.leaves(third.params), jax.tree.leaves(second.params)))
+    for a, b in zip(jax.tree.leaves(second.fp8), jax.tree.leaves(third.fp8)):
+        assert np.array_equal(b[..., 1], a[..., 0]) and np.all(b[..., 0] > 0)
     w = np.asarray(params["blocks"]["wq"], np.float32)  # the first step's weights, bf16
     want = np.abs(np.asarray(jnp.asarray(w).astype(jnp.bfloat16), np.float32)).max(axis=(1, 2, 3))
     assert np.array_equal(first.fp8["blocks"]["wq"][:, 1, 0], want)
+
+
+def test_a_non_finite_amax_is_not_rolled_in():
+    """A NaN would make the history's largest amax NaN (the product would fall back to
+    current scaling for H steps), an inf would scale the tensor to zero: that product
+    keeps its history."""
+    history = {"blocks": {"wq": jnp.arange(1.0, 13.0).reshape(1, 3, 4)}}
+    amaxes = {"blocks": {"wq": jnp.array([[5.0, jnp.nan, jnp.inf]])}}
+    rolled = np.asarray(fp8_history.roll(history, amaxes)["blocks"]["wq"][0])
+    assert rolled.tolist() == [[5.0, 1.0, 2.0, 3.0], [5.0, 6.0, 7.0, 8.0],
+                               [9.0, 10.0, 11.0, 12.0]]
 
 
 # Layouts whose devices compute exactly what one device computes, row for row (the max over

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from jaxscale.compare.explain import KINDS
+from jaxscale.compare.explain import HISTORY, KINDS, PERSISTENT, TRANSIENT
 from jaxscale.report import print_table
 
 
@@ -102,7 +102,8 @@ def totals(runs) -> None:
             if row["flag"]:
                 print(f"warning: {r['strategy']}: {row['name']} ({row['kind']}): {row['flag']}")
         t = r["totals"]
+        history = f"; {HISTORY} {t[HISTORY]:,} B" if t.get(HISTORY) else ""
         print(f"{r['strategy']}: per device " + ", ".join(
-            f"{k}s {t[k]:,} B" for k in KINDS[:4]) + f"; model state {t['model_state']:,} B "
-            "(parameters + master weights + optimizer slots); inside the step " + ", ".join(
-            f"{k}s {t[k]:,} B" for k in KINDS[4:]))
+            f"{k}s {t[k]:,} B" for k in (*PERSISTENT, "counter")) + history +
+            f"; model state {t['model_state']:,} B (parameters + master weights + optimizer "
+            "slots); inside the step " + ", ".join(f"{k}s {t[k]:,} B" for k in TRANSIENT))
