@@ -31,5 +31,5 @@ def test_formats_underflow_and_bytes(tmp_path):
     assert all(x["agrees"] for x in res["e"]["rows"])
     totals = {x["policy"]: x["total_measured"] for x in res["e"]["rows"]}
     assert totals == {"fp32": 16, "bf16": 16, "fp16": 16, "bf16-pure": 8, "fp8": 16,
-                      "fp8-block": 16,
+                      "fp8-delayed": 16, "fp8-block": 16,
                       "bf16, bf16 moments": 12}  # Adam's two moments at 2 bytes, not 4
