@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxscale.model import attention as attentionlib, fp8, fp8_history, rope
+from jaxscale.model import attention as attentionlib, fp8, fp8_history, moe, rope
 from jaxscale.model.config import GPT2, Family
 
 # The outputs of the collectives inside a block (tp's, the cp ring's) carry this name, so
@@ -143,7 +143,16 @@ def tp_operators(tp_axis: str | None, sequence_parallel: bool = False):
 
 def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum", seq=None,
           family: Family = GPT2):
-    """One pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.)).
+    """One pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.)); see
+    `block_with_stats`."""
+    return block_with_stats(p, x, tp_axis, attention_kernel, seq, family)[0]
+
+
+def block_with_stats(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum",
+                     seq=None, family: Family = GPT2):
+    """One pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.)); returns
+    (x, the router's statistics): a block with experts in the MLP's place (p["experts"],
+    jaxscale.model.moe) routes each token to its own; a dense block's statistics are {}.
 
     With `tp_axis` (inside shard_map) `p` holds this device's share of the heads and of the
     MLP's hidden units (Megatron tensor parallelism) and two operators join the shares:
@@ -163,4 +172,8 @@ def block(p, x, tp_axis: str | None = None, attention_kernel: str = "einsum", se
     enter, reduce = tp_operators(tp_axis, getattr(seq, "sequence_parallel", False))
     h = enter(norm(x, p["ln1"], family))
     x = x + attention(p, h, reduce, attention_kernel, seq, family, tp_axis)
-    return x + mlp(p, enter(norm(x, p["ln2"], family)), reduce, family)
+    h = enter(norm(x, p["ln2"], family))
+    if "experts" in p:
+        y, stats = moe.layer(p["experts"], h, reduce, family)
+        return x + y, stats
+    return x + mlp(p, h, reduce, family), {}

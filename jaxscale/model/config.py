@@ -4,10 +4,12 @@ Plain data: building the model from a config is `model.transformer`'s job. One m
 families: GPT-2's blocks (LayerNorm with biases, GELU MLP, learned positions, the output
 head tied to the embedding), the garden presets' default, and Llama's (RMSNorm, SwiGLU MLP,
 rotary positions, grouped-query attention, an untied head, no biases). Each difference is
-its own field, so any mix is a model too.
+its own field, so any mix is a model too. A mixture of experts (`n_experts` > 0) puts a
+routed layer of experts in every block's MLP place (jaxscale.model.moe).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from jaxscale import garden
@@ -43,6 +45,17 @@ class ModelConfig:
     # Llama 3.1's long-context RoPE: (factor, low_freq_factor, high_freq_factor,
     # original context) as its config.json's rope_scaling gives them; () for none
     rope_scaling: tuple = ()
+    # mixture of experts (0 experts: the dense MLP): each token's top_k of n_experts MLPs
+    # of width moe_d_ff (0: d_ff), plus n_shared_experts that every token uses; each expert
+    # takes at most capacity_factor x its fair share of a device's tokens (None: dropless),
+    # and the router learns under Switch's load-balancing loss and ST-MoE's z-loss
+    n_experts: int = 0
+    top_k: int = 2
+    moe_d_ff: int = 0
+    n_shared_experts: int = 0
+    capacity_factor: float | None = None
+    router_aux_weight: float = 0.01
+    router_z_weight: float = 0.001
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff",
@@ -66,6 +79,32 @@ class ModelConfig:
         if self.position == "rope" and self.head_dim % 2:
             raise ModelConfigError(f"rotary positions turn pairs of a head's dimensions: "
                                    f"head_dim={self.head_dim} must be even")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        e, k, cf = self.n_experts, self.top_k, self.capacity_factor
+        for name in ("n_experts", "moe_d_ff", "n_shared_experts", "router_aux_weight",
+                     "router_z_weight"):
+            if getattr(self, name) < 0:
+                raise ModelConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not e:
+            moe = [f"{n}={getattr(self, n)}" for n in MOE_OPTIONS
+                   if getattr(self, n) != MOE_DEFAULTS[n]]
+            if moe:
+                raise ModelConfigError(f"{', '.join(moe)} configure experts, but the model "
+                                       "has none; set n_experts > 0 (e.g. the tiny-moe preset)")
+            return
+        if not 1 <= k <= e:
+            raise ModelConfigError(f"top_k={k} experts per token out of n_experts={e}; "
+                                   f"choose top_k from 1 to {e}")
+        if cf is not None and not cf > 0:
+            raise ModelConfigError(f"capacity_factor must be > 0 (1.0: each expert takes its "
+                                   f"fair share of tokens), or None for dropless; got {cf}")
+
+    @property
+    def expert_d_ff(self) -> int:
+        """Each expert's hidden width (the dense MLP's when moe_d_ff is 0)."""
+        return self.moe_d_ff or self.d_ff
 
     @property
     def head_dim(self) -> int:
@@ -81,7 +120,9 @@ class ModelConfig:
         """How a block computes beyond its shapes (what the pure functions of
         jaxscale.model.block take)."""
         return Family(self.norm, self.mlp, self.position, self.rope_theta, self.rope_scaling,
-                      self.norm_eps, self.kv_heads)
+                      self.norm_eps, self.kv_heads, top_k=self.top_k,
+                      capacity_factor=self.capacity_factor,
+                      router_weights=(self.router_aux_weight, self.router_z_weight))
 
 
 @dataclass(frozen=True)
@@ -103,11 +144,24 @@ class Family:
     matmul: str = "native"  # or "fp8", "fp8-delayed", "fp8-block": the policy's (model.fp8)
     fp8_block: int = 128  # fp8-block's tile length (model.fp8.BLOCK, DeepSeek-V3's 128)
     fp8_head: bool = False  # the output head multiplies under the recipe too
+    # mixture of experts (jaxscale.model.moe): the router's choices and loss weights (aux,
+    # z), and where the tokens live: `token_axes` the mesh axes that split them,
+    # `copy_axes` and `shared_axes` those that hold the same ones (tp; shared: under
+    # sequence parallelism, where the loss is a sum over tp), `ep_axis` the experts' axis
+    top_k: int = 2
+    capacity_factor: float | None = None
+    router_weights: tuple = (0.01, 0.001)
+    token_axes: tuple = ()
+    copy_axes: tuple = ()
+    shared_axes: tuple = ()
+    ep_axis: str | None = None
 
 
 GPT2 = Family()  # the garden presets': LayerNorm, GELU, learned positions, multi-head
 
 
+MOE_OPTIONS = ("top_k", "moe_d_ff", "n_shared_experts", "capacity_factor")
+MOE_DEFAULTS = {"top_k": 2, "moe_d_ff": 0, "n_shared_experts": 0, "capacity_factor": None}
 CHOICES = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"),
            "position": ("learned", "rope")}
 
@@ -159,11 +213,17 @@ PRESETS: dict[str, ModelConfig] = {
     "llama3-8b": _llama(128256, 8192, 4096, 32, 32, 8, 14336, 5e5),
     "llama3-70b": _llama(128256, 8192, 8192, 80, 64, 8, 28672, 5e5),
     "llama3-405b": _llama(128256, 8192, 16384, 126, 128, 8, 53248, 5e5),
+    # mixtures of experts: tiny-llama's attention with 8 SwiGLU experts of width 64, top-2
+    # (trains here); Mixtral 8x7B's published shape (Mistral's config.json)
+    "tiny-moe": _garden(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                        n_experts=8, top_k=2, **LLAMA),
+    "mixtral-8x7b": dataclasses.replace(_llama(32000, 4096, 4096, 32, 32, 8, 14336, 1e6),
+                                        n_experts=8, top_k=2),
 }
 
 
 # the ones small enough to train on a laptop's CPU
-CPU_PRESETS = ("tiny", "tiny8", "small", "long", "tiny-llama", "small-llama")  # the ones small enough to train on a laptop's CPU
+CPU_PRESETS = ("tiny", "tiny8", "small", "long", "tiny-llama", "small-llama", "tiny-moe")
 
 
 def is_file(name: str) -> bool:
@@ -199,13 +259,21 @@ def check_platform(name: str, platform: str) -> None:
             f"{', '.join(CPU_PRESETS)} (or --platform gpu on a GPU machine)")
 
 
-def param_count(cfg: ModelConfig) -> int:
-    """Closed-form number of parameters, every tensor counted (biases and norms too)."""
-    d, f, v, t = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.seq_len
+def param_count(cfg: ModelConfig, active: bool = False) -> int:
+    """Closed-form number of parameters, every tensor counted (biases and norms too).
+    `active`: those one token uses (a mixture of experts: top_k of its routed experts)."""
+    d, v, t = cfg.d_model, cfg.vocab_size, cfg.seq_len
     kv = cfg.kv_heads * cfg.head_dim  # the width of k and of v
     b = int(cfg.bias)
     attention = 2 * d * d + 2 * d * kv + b * (2 * d + 2 * kv)  # Wq, Wo, Wk, Wv (+ biases)
-    mlp = (3 if cfg.mlp == "swiglu" else 2) * d * f + b * (f + d)
+
+    def mlp(f, bias=b):  # one MLP of hidden width f
+        return (3 if cfg.mlp == "swiglu" else 2) * d * f + bias * (f + d)
+    if cfg.n_experts:  # the router, the routed experts, the shared ones (no biases)
+        used = cfg.top_k if active else cfg.n_experts
+        ffn = d * cfg.n_experts + mlp(cfg.expert_d_ff * (used + cfg.n_shared_experts), 0)
+    else:
+        ffn = mlp(cfg.d_ff)
     norm = d * (1 + (cfg.norm == "layernorm" and cfg.bias))  # a scale (+ a bias)
     embeddings = v * d * (1 if cfg.tied_head else 2) + (t * d if cfg.position == "learned" else 0)
-    return embeddings + cfg.n_layers * (attention + mlp + 2 * norm) + norm
+    return embeddings + cfg.n_layers * (attention + ffn + 2 * norm) + norm

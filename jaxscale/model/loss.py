@@ -12,10 +12,13 @@ import optax
 from flax import nnx
 
 
-def nll_and_count(graphdef, params, batch, history=None) -> tuple[jax.Array, jax.Array]:
+def nll_and_count(graphdef, params, batch, history=None) -> tuple:
     """(sum of target-token NLLs, number of target tokens) over a batch; padding excluded.
-    `history`: fp8-delayed's amax histories (jaxscale.model.fp8_history), if any."""
-    return logits_nll_and_count(nnx.merge(graphdef, params)(batch["tokens"], history), batch)
+    `history`: fp8-delayed's amax histories (jaxscale.model.fp8_history), if any. A
+    mixture of experts adds its routers' statistics third (jaxscale.model.moe)."""
+    logits, stats = nnx.merge(graphdef, params).with_stats(batch["tokens"], history)
+    total, count = logits_nll_and_count(logits, batch)
+    return (total, count, stats) if stats else (total, count)
 
 
 def logits_nll_and_count(logits, batch) -> tuple[jax.Array, jax.Array]:
@@ -28,5 +31,5 @@ def logits_nll_and_count(logits, batch) -> tuple[jax.Array, jax.Array]:
 
 def loss_fn(graphdef, params, batch, history=None) -> jax.Array:
     """Mean NLL per target token of the whole batch (sum / count, not a mean of means)."""
-    total, count = nll_and_count(graphdef, params, batch, history)
+    total, count = nll_and_count(graphdef, params, batch, history)[:2]
     return total / count

@@ -34,9 +34,9 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale import garden
-from jaxscale.model import attention as attentionlib, fp8, fp8_history
-from jaxscale.model.block import (COLLECTIVE, attention, block, layer_norm, mlp, norm,  # noqa: F401
-                                  rms_norm, tp_operators)
+from jaxscale.model import attention as attentionlib, fp8, fp8_history, moe
+from jaxscale.model.block import (COLLECTIVE, attention, block, block_with_stats,  # noqa: F401
+                                  layer_norm, mlp, norm, rms_norm, tp_operators)
 from jaxscale.model.config import GPT2, Family, ModelConfig, ModelConfigError
 
 
@@ -138,6 +138,9 @@ class Blocks(nnx.Module):
         if bias:
             self.bo = _zeros((L, d), ("layers", "embed"))
         self.ln2 = LayerNorm(d, (L,), norm_bias)
+        if cfg.n_experts:  # a mixture of experts in the MLP's place (jaxscale.model.moe)
+            self.experts = moe.Experts(cfg, rngs)
+            return
         self.w1 = _param(normal, rngs.params(), (L, d, f), ("layers", "embed", "mlp"))
         if bias:
             self.b1 = _zeros((L, f), ("layers", "mlp"))
@@ -168,12 +171,16 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens: jax.Array, history=None) -> jax.Array:
         """Logits; `history`: fp8-delayed's amax histories (model.fp8_history), if any."""
+        return self.with_stats(tokens, history)[0]
+
+    def with_stats(self, tokens: jax.Array, history=None):
+        """(logits, the routers' statistics: jaxscale.model.moe.over_layers; {} if dense)."""
         t = tokens.shape[-1]
         if t > self.cfg.seq_len:
             raise ModelConfigError(f"sequence of {t} tokens exceeds seq_len={self.cfg.seq_len}")
         b = self.blocks
         params = fp8_history.attach(nnx.to_pure_dict(nnx.state(self, nnx.Param)), history)
-        return forward(params, tokens, b.remat,
+        return forward_with_stats(params, tokens, b.remat,
                        attention=b.attention, unroll=b.unroll, seq=sequence(self.cfg, tokens),
                        family=dataclasses.replace(self.cfg.family, matmul=b.matmul,
                                                   fp8_block=b.fp8_block, fp8_head=b.fp8_head))
@@ -205,9 +212,19 @@ def forward(params: dict, tokens: jax.Array, remat: str = "none",
     attention.Documents (whole rows, within documents) or parallel.context.Ring (this
     device's share of the sequence; attention is a ring over the cp axis).
     """
-    x = layers(params["blocks"], embed(params, tokens, seq, family), remat, tp_axis,
-               attention=attention, unroll=unroll, seq=seq, family=family)
-    return head(params, x, family)
+    return forward_with_stats(params, tokens, remat, tp_axis, attention=attention,
+                              unroll=unroll, seq=seq, family=family)[0]
+
+
+def forward_with_stats(params: dict, tokens: jax.Array, remat: str = "none",
+                       tp_axis: str | None = None, *, attention: str = "einsum",
+                       unroll: bool = False, seq=None, family: Family = GPT2):
+    """(logits, the routers' statistics over the layers: {} for a dense model): see
+    `forward`."""
+    x, stats = layers_with_stats(params["blocks"], embed(params, tokens, seq, family), remat,
+                                 tp_axis, attention=attention, unroll=unroll, seq=seq,
+                                 family=family)
+    return head(params, x, family), stats
 
 
 def embed(p, tokens, seq=None, family: Family = GPT2):
@@ -230,11 +247,20 @@ def layers(blocks, x, remat: str = "none", tp_axis: str | None = None, *,
     """Run a stack of blocks (leading layers axis) over x with `lax.scan`: all of the
     model's layers, or one pipeline stage's share of them. `unroll` writes the L layers
     out one after another (scan's unroll=True: no loop left in the program)."""
+    return layers_with_stats(blocks, x, remat, tp_axis, attention=attention, unroll=unroll,
+                             seq=seq, family=family)[0]
+
+
+def layers_with_stats(blocks, x, remat: str = "none", tp_axis: str | None = None, *,
+                      attention: str = "einsum", unroll: bool = False, seq=None,
+                      family: Family = GPT2):
+    """(x after the blocks, the routers' statistics over them: {} for dense blocks)."""
     def layer(h, p):
-        return block(p, h, tp_axis, attention, seq, family), None
+        return block_with_stats(p, h, tp_axis, attention, seq, family)
     if remat != "none":
         layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
-    return jax.lax.scan(layer, x, blocks, unroll=True if unroll else 1)[0]
+    x, stats = jax.lax.scan(layer, x, blocks, unroll=True if unroll else 1)
+    return x, moe.over_layers(stats)
 
 
 def head(p, x, family: Family = GPT2):

@@ -1,8 +1,9 @@
 """The one function that turns a Plan into a training step: `build_train_step`.
 
 Plan() runs on one device as a plain jit; every other plan runs in one shard_map over a
-mesh: data parallel (`data_parallel`), ZeRO on dp (`zero`), or with tp / pp / cp
-(`hybrid`, which composes `pipeline`, `context` and ZeRO on model-parallel shards).
+mesh: data parallel (`data_parallel`), ZeRO on dp (`zero`), or with tp / pp / cp / ep
+(`hybrid`, which composes `pipeline`, `context` and ZeRO on model-parallel shards; a
+mixture of experts always runs there, where its routers learn which axes hold tokens).
 """
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def build_train_step(model_cfg: ModelConfig, plan: Plan,
         raise PlanError(f"the model masks attention to documents, which {plan.layout()} does "
                         "not yet: use attention einsum or xla, no pipeline, and ZeRO-3 only "
                         "with tp or cp")
-    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:  # (sequence parallel needs tp > 1)
+    moe = model_cfg.n_experts and (plan.n_devices > 1 or plan.micro_batches > 1)
+    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1 or plan.ep > 1 or moe:  # (sp needs tp > 1)
         return build_hybrid(model_cfg, graphdef, plan, optimizer, pol, shapes,
                             modellib.logical_axes(abstract), devices)
     if plan.zero_stage:

@@ -57,6 +57,11 @@ def accumulated_value_and_grad(nll, micro_batches: int, reduction: GradReduction
     Under fp8-delayed (`history`, passed to `nll` third) each device also differentiates
     its own copy of the amax histories; the amaxes they report are a max over the
     micro-batches, then over `batch_axes`, returned third (jaxscale.model.fp8_history).
+
+    A mixture of experts' `nll` returns its routers' statistics third: their objective
+    (this device's contribution) joins each micro-batch's loss, 1/micro_batches of it,
+    and their figures, averaged over the micro-batches and summed over `batch_axes` as
+    the loss is, come back with the loss (jaxscale.parallel.step.with_router).
     """
     def grad_fn(params, batch, multiplier, history=None):
         count = lax.psum(jnp.sum(batch["mask"]), batch_axes)
@@ -64,24 +69,30 @@ def accumulated_value_and_grad(nll, micro_batches: int, reduction: GradReduction
         axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
         seen = None if history is None else jax.tree.map(lambda h: vary(h, axes), history)
 
+        def f(p, h, mb):
+            out = nll(p, mb) if h is None else nll(p, mb, h)
+            s = out[0] / count
+            stats = out[2] if len(out) > 2 else {}
+            objective = s + stats["objective"] / micro_batches if stats else s
+            return (objective if multiplier is None else objective * multiplier), (s, stats)
+
         def micro(acc, mb):
-            def f(p, h):
-                s = (nll(p, mb) if h is None else nll(p, mb, h))[0] / count
-                return (s if multiplier is None else s * multiplier), s
             if seen is None:
-                (_, s), g = jax.value_and_grad(f, has_aux=True)(mine, None)
-                return jax.tree.map(jnp.add, acc, (s, reduction.per_micro(g))), None
-            (_, s), (g, reported) = jax.value_and_grad(f, (0, 1), has_aux=True)(mine, seen)
+                (_, (s, stats)), g = jax.value_and_grad(f, has_aux=True)(mine, None, mb)
+                return jax.tree.map(jnp.add, acc, (s, reduction.per_micro(g))), stats
+            (_, (s, stats)), (g, reported) = jax.value_and_grad(f, (0, 1), has_aux=True)(
+                mine, seen, mb)
             loss, grads, amaxes = acc
             return (loss + s, jax.tree.map(jnp.add, grads, reduction.per_micro(g)),
-                    jax.tree.map(jnp.maximum, amaxes, fp8_history.newest(reported))), None
+                    jax.tree.map(jnp.maximum, amaxes, fp8_history.newest(reported))), stats
 
         zeros = (lax.pcast(jnp.float32(0), batch_axes, to="varying"),
                  jax.tree.map(jnp.zeros_like, reduction.accumulator(mine)))
         if seen is not None:
             zeros += (fp8_history.newest(jax.tree.map(jnp.zeros_like, seen)),)
-        out, _ = lax.scan(micro, zeros, _split_micro_batches(batch, micro_batches))
+        out, stats = lax.scan(micro, zeros, _split_micro_batches(batch, micro_batches))
         loss, grads = lax.psum(out[0], batch_axes), reduction.per_step(out[1])
+        loss = steplib.with_router(loss, jax.tree.map(lambda v: v.mean(0), stats), axes)
         if seen is None:
             return loss, grads
         return loss, grads, fp8_history.pmax(out[2], axes, fp8_history.settled(loss, grads))

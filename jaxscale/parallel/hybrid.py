@@ -9,6 +9,8 @@ Where each parameter lives follows from its logical axis names (jaxscale.model.t
                    heads read: jaxscale.model.block.local_kv)
     mlp   -> tp    W1 (and SwiGLU's W3) split by output columns, W2 by input rows
     layers -> pp   each pipeline stage holds its own layers
+    experts -> ep  a mixture of experts' experts split over ep (jaxscale.model.moe); the
+                   router stays whole: every device routes its tokens to every expert
     anything else  replicated: embeddings, norms, output biases
 
 Inside the step: the blocks run tensor parallel over `tp` (two all-reduces per layer
@@ -37,7 +39,7 @@ from jaxscale.model import fp8, fp8_history, precision, transformer as modellib
 from jaxscale.model.config import ModelConfig
 from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel import context, step as steplib
-from jaxscale.parallel.axes import CP, DP, PP, TP
+from jaxscale.parallel.axes import CP, DP, EP, PP, TP
 from jaxscale.parallel.canonical import Canonical, param_infos
 from jaxscale.parallel.step import PlanStep, shard_step
 from jaxscale.parallel.data_parallel import accumulated_value_and_grad
@@ -50,7 +52,7 @@ from jaxscale.runtime.vma import vary
 from jaxscale.parallel.zero import check_elementwise, forward_gathered, gathered_units
 from jaxscale.runtime import mesh as meshlib
 
-RULES = {"heads": "tp", "kv_heads": "tp", "mlp": "tp", "layers": "pp"}
+RULES = {"heads": "tp", "kv_heads": "tp", "mlp": "tp", "layers": "pp", "experts": "ep"}
 
 
 def splits_kv_heads(kv_heads: int, tp: int) -> bool:
@@ -89,8 +91,33 @@ def _chunk_choices(layers: int, pp: int, v: int) -> str:
     return "; ".join(options)
 
 
+def check_experts(cfg: ModelConfig, plan) -> None:
+    """Refuse expert parallelism without experts, an ep that does not divide them, and the
+    layouts a mixture of experts does not run under yet."""
+    e = cfg.n_experts
+    if not e:
+        if plan.ep > 1:
+            raise PlanError(f"ep={plan.ep} splits a mixture of experts' experts, but the "
+                            "model has none; use a model with experts (e.g. tiny-moe) or ep=1")
+        return
+    if e % plan.ep:
+        raise PlanError(f"ep={plan.ep} must divide the {e} experts; choose ep from "
+                        f"{[k for k in range(1, e + 1) if e % k == 0]}")
+    if cfg.expert_d_ff % plan.tp:
+        raise PlanError(f"tp={plan.tp} must divide each expert's width ({cfg.expert_d_ff})")
+    later = [what for what, on in (
+        (f"pp={plan.pp}", plan.pp > 1), ("ZeRO-3", plan.zero_stage == 3),
+        (f"precision {plan.precision}", plan.family(cfg).matmul != "native")) if on]
+    if later:
+        raise PlanError(f"a mixture of experts runs with dp, ep, tp, cp, sp and ZeRO-1/2, "
+                        f"not yet with {' or '.join(later)}; use pp=1, zero 0-2 and a "
+                        "precision without FP8")
+
+
 def check_divisible(cfg: ModelConfig, plan) -> None:
-    """Refuse a plan whose tp, pp x virtual, cp or sp does not divide the model's shape."""
+    """Refuse a plan whose tp, pp x virtual, cp, sp or ep does not divide the model's
+    shape."""
+    check_experts(cfg, plan)
     v = plan.virtual
     if cfg.n_heads % plan.tp or cfg.d_ff % plan.tp:
         raise PlanError(f"tp={plan.tp} must divide the heads ({cfg.n_heads}) and the MLP "
@@ -137,19 +164,24 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
     update = steplib.make_step(graphdef, optimizer, pol, jit=False, layout=layout,
                                grad_fn=grad_fn)
     state_specs = _state_specs(plan, optimizer, pol, shapes, specs)
-    seq_axes = sequence_axes(plan)
+    seq_axes, rows = sequence_axes(plan), row_axes(plan)
     if seq_axes:  # whole rows arrive on dp: reordered for the ring, split
         compiled, guarded = shard_step(
-            update, mesh, state_specs, batch_spec=P(DP, seq_axes),
+            update, mesh, state_specs, batch_spec=P(rows, seq_axes),
             prepare=lambda b: context.prepare(b, plan.cp, document_mask=model_cfg.document_mask))
     else:
-        compiled, guarded = shard_step(update, mesh, state_specs)
+        compiled, guarded = shard_step(update, mesh, state_specs, batch_spec=P(rows))
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
     infos = param_infos(shapes, specs)
     return _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order), PlanStep(
         mesh, compiled,  # whole parameters in the model's layer order
         jax.jit(lambda state: jax.tree.map(layout.params_to_canonical, state.params, infos)),
         Canonical(layout, optimizer, pol, shapes, mesh, shardings, specs), guarded)
+
+
+def row_axes(plan):
+    """The mesh axes that split the batch's rows: dp, and ep with it (dp outermost)."""
+    return (DP, EP) if plan.ep > 1 else DP
 
 
 def sequence_axes(plan) -> tuple[str, ...]:
@@ -189,30 +221,34 @@ def sequence_grad_fn(model_cfg, plan, layout, specs):
             logits = forward_gathered(prm, mb["tokens"], plan.remat, layout.fetch,
                                       plan.attention, plan.unroll, tp_axis, sequence(mb),
                                       plan.family(model_cfg))
-        else:
-            logits = modellib.forward(prm, mb["tokens"], plan.remat, tp_axis=tp_axis,
-                                      attention=plan.attention, unroll=plan.unroll,
-                                      seq=sequence(mb), family=plan.family(model_cfg))
-        return logits_nll_and_count(logits, mb)
+            return logits_nll_and_count(logits, mb)
+        logits, stats = modellib.forward_with_stats(
+            prm, mb["tokens"], plan.remat, tp_axis=tp_axis, attention=plan.attention,
+            unroll=plan.unroll, seq=sequence(mb), family=plan.family(model_cfg))
+        return (*logits_nll_and_count(logits, mb), stats) if stats else (
+            logits_nll_and_count(logits, mb))
 
-    # The devices that split the sequence hold different tokens, so each parameter's
-    # gradient has a share on each: summed over cp, and over tp (sequence parallel) for the
-    # parameters tp does not split, after dp's reduction (ZeRO: on slices). Each device
+    # The devices that split the sequence (or, with ep, the rows) hold different tokens,
+    # so each parameter's gradient has a share on each: summed over cp and ep, and over
+    # tp (sequence parallel), for the parameters those axes do not split (an expert lives
+    # on one ep device only), after dp's reduction (ZeRO: on slices). Each device
     # differentiates its own copy over dp and those axes (ZeRO-3: its slices are its own
     # over dp already); otherwise autodiff would sum the shares over tp itself, once per
     # use (the tied embedding: twice).
+    split = ((EP,) if plan.ep > 1 else ()) + seq_axes
+
     def over_sequence(g):
         def one(x, spec):
-            axes = tuple(a for a in seq_axes if a != TP or TP not in spec)
+            axes = tuple(a for a in split if a not in spec)
             return lax.psum(x, axes) if axes else x
-        return jax.tree.map(one, g, specs, is_leaf=is_spec) if seq_axes else g
+        return jax.tree.map(one, g, specs, is_leaf=is_spec) if split else g
 
-    mine = ((DP,) if plan.zero_stage != 3 else ()) + seq_axes
+    mine = ((DP,) if plan.zero_stage != 3 else ()) + split
     reduction = dataclasses.replace(
         layout.reduction(), then=over_sequence,
         own=lambda p: jax.tree.map(lambda x: vary(x, mine), p) if mine else p)
     return accumulated_value_and_grad(nll, plan.micro_batches, reduction,
-                                      batch_axes=(DP, *seq_axes))
+                                      batch_axes=(DP, *split))
 
 
 def _state_specs(plan, optimizer, pol, shapes, specs) -> steplib.TrainState:

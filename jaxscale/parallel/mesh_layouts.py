@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxscale.parallel import layouts
-from jaxscale.parallel.axes import DP, PP, TP
+from jaxscale.parallel.axes import DP, EP, PP, TP
 from jaxscale.parallel.actions import Action
 from jaxscale.runtime.vma import vary
 from jaxscale.parallel.zero_layout import Zero2Layout, Zero3Layout, ZeroLayout, is_stacked
@@ -187,7 +187,7 @@ ZERO_MESH_LAYOUTS = {1: ZeroMeshLayout, 2: Zero2MeshLayout, 3: Zero3MeshLayout}
 def mesh_layout(plan, shapes, specs, order, mesh):
     """The layout of `plan` on its mesh: the parameters' shards whole, or ZeRO's stage on
     each device's shards (`shapes`: the whole parameters' shapes)."""
-    model_axes = tuple(a for a in (PP, TP) if getattr(plan, a) > 1)
+    model_axes = tuple(a for a in (EP, PP, TP) if getattr(plan, a) > 1)
     if plan.zero_stage:
         return ZERO_MESH_LAYOUTS[plan.zero_stage](local_shapes(shapes, specs, plan), plan.dp,
                                                   specs, model_axes, order, mesh)

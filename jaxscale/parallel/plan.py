@@ -7,6 +7,7 @@
     Plan(dp=8, zero_stage=3)              ZeRO-3 over the 8 data-parallel devices
     Plan(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=1)   3-D
     Plan(dp=2, cp=2, tp=2)                ... the sequence split over cp (ring attention)
+    Plan(dp=2, ep=2)                      a mixture of experts' experts split over ep
 
 Every field is validated before anything compiles. `parallel.build.build_train_step(
 model_cfg, plan, optimizer)` returns (init, step); the training loop never branches on the
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 
 from jaxscale.model import attention, fp8, fp8_history, precision, transformer as modellib
 from jaxscale.parallel import schedules as sched
+from jaxscale.parallel.axes import CP, DP, EP, TP
 from jaxscale.runtime import mesh as meshlib
 
 SCHEDULES = sched.SCHEDULES
@@ -38,6 +40,7 @@ class Plan:
     tp: int = 1
     pp: int = 1
     cp: int = 1  # context parallel: the sequence split over cp devices (ring attention)
+    ep: int = 1  # expert parallel: the experts split over ep devices, the rows too (all-to-all)
     sequence_parallel: bool = False  # Megatron SP: LayerNorm/residual regions split over tp
     zero_stage: int = 0
     micro_batches: int = 1
@@ -53,21 +56,26 @@ class Plan:
 
     @property
     def n_devices(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dp * self.tp * self.pp * self.cp * self.ep
+
+    @property
+    def rows(self) -> int:
+        """The devices the batch's rows are split over: dp x ep."""
+        return self.dp * self.ep
 
     @property
     def mesh_shape(self) -> meshlib.MeshShape:
-        return meshlib.MeshShape(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp)
+        return meshlib.MeshShape(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp, ep=self.ep)
 
     @classmethod
     def from_mesh(cls, spec: str, **fields) -> "Plan":
         """A Plan whose axis sizes come from a mesh spec such as "dp=8"."""
         shape = meshlib.parse_mesh_spec(spec)
-        return cls(dp=shape.dp, tp=shape.tp, pp=shape.pp, cp=shape.cp, **fields)
+        return cls(dp=shape.dp, tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, **fields)
 
     def validate(self, global_batch: int | None = None, n_devices: int | None = None) -> "Plan":
         """Raise PlanError naming the bad value and what would fit; return self if fine."""
-        for name in ("dp", "tp", "pp", "cp", "micro_batches", "virtual"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "virtual"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise PlanError(f"{name} must be a positive integer, got {v!r}")
@@ -103,11 +111,12 @@ class Plan:
         if n_devices is not None and self.n_devices != n_devices:
             raise PlanError(f"the plan's mesh {self.mesh_shape} needs {self.n_devices} devices "
                             f"but {n_devices} {'is' if n_devices == 1 else 'are'} available")
-        if global_batch is not None and global_batch % (self.dp * self.micro_batches):
+        if global_batch is not None and global_batch % (self.rows * self.micro_batches):
+            split = "dp x ep" if self.ep > 1 else "dp"
             raise PlanError(
-                f"global batch of {global_batch} documents is not divisible by dp x micro_batches "
-                f"= {self.dp} x {self.micro_batches}; use a batch that is a multiple of "
-                f"{self.dp * self.micro_batches}")
+                f"global batch of {global_batch} documents is not divisible by {split} x "
+                f"micro_batches = {self.rows} x {self.micro_batches}; use a batch that is a "
+                f"multiple of {self.rows * self.micro_batches}")
         if self.pp > 1 or self.virtual > 1:
             try:
                 sched.check_sizes(self.schedule, self.pp, self.micro_batches, self.virtual)
@@ -154,9 +163,18 @@ class Plan:
 
     def family(self, model_cfg):
         """How a block computes under this plan: the model's family, multiplying as the
-        precision policy says (jaxscale.model.fp8), with its tile and head options."""
-        return replace(model_cfg.family, matmul=precision.policy(self.precision).matmul,
-                       fp8_block=self.fp8_block, fp8_head=self.fp8_head)
+        precision policy says (jaxscale.model.fp8), with its tile and head options; a
+        mixture of experts learns where its tokens and experts live (jaxscale.model.moe):
+        the axes that split the tokens (dp, and ep and cp), those that copy them (tp), ep."""
+        family = replace(model_cfg.family, matmul=precision.policy(self.precision).matmul,
+                         fp8_block=self.fp8_block, fp8_head=self.fp8_head)
+        if not model_cfg.n_experts:
+            return family
+        tp = (TP,) if self.tp > 1 else ()
+        return replace(family, token_axes=(DP,) + tuple(a for a in (EP, CP) if getattr(self, a) > 1),
+                       copy_axes=() if self.sequence_parallel else tp,
+                       shared_axes=tp if self.sequence_parallel else (),
+                       ep_axis=EP if self.ep > 1 else None)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -227,7 +245,7 @@ def elastic_micro_batches(saved: Plan, plan: Plan, global_batch: int) -> int:
 
 
 # The keys of a written-out layout (Plan.parse) and the Plan field each sets.
-LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "zero": "zero_stage",
+LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "zero": "zero_stage",
                "micro_batches": "micro_batches", "schedule": "schedule", "virtual": "virtual",
                "remat": "remat", "precision": "precision", "attention": "attention",
                "unroll": "unroll", "sp": "sequence_parallel", "fp8_block": "fp8_block",

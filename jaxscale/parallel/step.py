@@ -31,8 +31,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.model import fp8_history
-from jaxscale.model.loss import loss_fn
+from jaxscale.model import fp8_history, moe
+from jaxscale.model.loss import nll_and_count
 from jaxscale.model.precision import Policy
 from jaxscale.parallel.axes import DP
 from jaxscale.parallel.layouts import Replicated
@@ -95,12 +95,17 @@ def init_state(params32, optimizer: optax.GradientTransformation, pol: Policy,
 
 def local_value_and_grad(graphdef):
     """grad_fn for one device: (loss, gradients of loss x multiplier); multiplier None = 1.
-    With fp8-delayed's `history` it returns this step's amaxes third (see make_step)."""
+    With fp8-delayed's `history` it returns this step's amaxes third (see make_step). A
+    mixture of experts differentiates the loss plus its routers' objective and reports
+    their figures with the loss (`with_router`)."""
     def grad_fn(params, batch, multiplier, history=None):
         def scaled(p, h):
-            loss = loss_fn(graphdef, p, batch, h)
+            out = nll_and_count(graphdef, p, batch, h)
+            loss = out[0] / out[1]
+            objective = loss + out[2]["objective"] if len(out) > 2 else loss
             # no multiply at all when nothing is scaled: fp32 stays bit-identical to the plain step
-            return (loss if multiplier is None else loss * multiplier), loss
+            return (objective if multiplier is None else objective * multiplier), (
+                with_router(loss, out[2] if len(out) > 2 else {}))
         if history is None:
             (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(params, None)
             return loss, grads
@@ -108,6 +113,13 @@ def local_value_and_grad(graphdef):
                                                           has_aux=True)(params, history)
         return loss, grads, fp8_history.newest(reported)
     return grad_fn
+
+
+def with_router(loss, stats: dict, axes=()):
+    """What a grad_fn returns as its loss: the loss itself, or with a mixture of experts
+    {"loss": loss, "moe_aux": ..., ...}, the routers' figures (jaxscale.model.moe.metrics;
+    `axes`: the mesh axes their contributions are summed over). make_step reports them."""
+    return {"loss": loss, **moe.metrics(stats, axes)} if stats else loss
 
 
 def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
@@ -141,6 +153,10 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
         else:
             loss, grads, amaxes = grad_fn(state.params, batch, multiplier, history)
             history = fp8_history.roll(history, amaxes)
+        router = {}
+        if isinstance(loss, dict):  # the loss with a mixture of experts' figures
+            router = {k: v for k, v in loss.items() if k != "loss"}
+            loss = loss["loss"]
         unscale = batch_factor / state.loss_scale
         grads32 = jax.tree.map(lambda g: g.astype(jnp.float32) * (1 if plain else unscale), grads)
         finite = layout.all_finite(
@@ -180,7 +196,7 @@ def make_step(graphdef, optimizer: optax.GradientTransformation, pol: Policy,
                                state.skipped + (~apply).astype(jnp.int32), history)
         metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
                    "loss_scale": state.loss_scale, "skipped": new_state.skipped,
-                   "swallowed": swallowed, "accepted": accepted}
+                   "swallowed": swallowed, "accepted": accepted, **router}
         return new_state, metrics
 
     return jax.jit(step) if jit else step

@@ -1,7 +1,7 @@
 """Meshes: a strategy's axis sizes ("dp=2,tp=2,pp=2"), the devices laid out as a grid, and
 which process each mesh position lives in.
 
-The mesh has four named axes, `MESH_AXES` = (dp, pp, cp, tp), always in that order; a
+The mesh has five named axes, `MESH_AXES` = (dp, ep, pp, cp, tp), always in that order; a
 size-1 axis costs nothing. With several processes the devices are placed process by
 process (`place_devices`): tp's groups, the innermost axis, stay inside a process, then
 cp's and pp's, and dp spans the processes, so the chattiest collectives never leave a host.
@@ -20,8 +20,9 @@ from jax.sharding import AxisType, Mesh
 
 # Mesh axes in device order: dp outermost, tp innermost, so the chatty tensor-parallel
 # collectives run between neighbouring devices (on a GPU node: over NVLink), and the
-# context-parallel ring (cp) next to them.
-MESH_AXES = ("dp", "pp", "cp", "tp")
+# context-parallel ring (cp) next to them. Expert parallelism (ep) splits the batch like
+# dp outside the experts, so it sits next to dp.
+MESH_AXES = ("dp", "ep", "pp", "cp", "tp")
 
 
 class MeshSpecError(ValueError):
@@ -30,16 +31,17 @@ class MeshSpecError(ValueError):
 
 @dataclass(frozen=True)
 class MeshShape:
-    """Sizes of the dp, pp, tp and cp mesh axes (1 where absent)."""
+    """Sizes of the dp, pp, tp, cp and ep mesh axes (1 where absent)."""
 
     dp: int = 1
     pp: int = 1
     tp: int = 1
     cp: int = 1
+    ep: int = 1
 
     @property
     def size(self) -> int:
-        return self.dp * self.pp * self.tp * self.cp
+        return self.dp * self.pp * self.tp * self.cp * self.ep
 
     def as_dict(self) -> dict[str, int]:
         return {a: getattr(self, a) for a in MESH_AXES}
@@ -52,7 +54,7 @@ _ITEM = re.compile(r"^\s*([A-Za-z_]\w*)\s*=\s*(\S+?)\s*$")
 
 
 def parse_mesh_spec(spec: str) -> MeshShape:
-    """Parse "dp=2,tp=2,pp=2" (any subset of dp, pp, cp, tp; missing axes have size 1)."""
+    """Parse "dp=2,tp=2,pp=2" (any subset of dp, ep, pp, cp, tp; missing axes: size 1)."""
     if not isinstance(spec, str) or not spec.strip():
         raise MeshSpecError(f"empty mesh spec {spec!r}; expected e.g. 'dp=8' or 'dp=2,tp=2,pp=2'")
     sizes: dict[str, int] = {}
@@ -80,7 +82,7 @@ def parse_mesh_spec(spec: str) -> MeshShape:
 
 
 def make_mesh(spec: str | MeshShape, devices: list[jax.Device] | None = None) -> Mesh:
-    """A Mesh with axes (dp, pp, cp, tp) over `devices` (default: all of JAX's devices).
+    """A Mesh with axes (dp, ep, pp, cp, tp) over `devices` (default: all of JAX's devices).
 
     The product of the axis sizes must equal the number of devices. Devices of several
     processes are placed process by process (`place_devices`: tp inside a
@@ -107,7 +109,7 @@ def describe(mesh: Mesh) -> str:
 
 
 def place_devices(devices, shape: MeshShape) -> np.ndarray:
-    """The devices as a (dp, pp, cp, tp) grid: process by process, so that tp's groups (the
+    """The devices as a (dp, ep, pp, cp, tp) grid: process by process, so that tp's groups (the
     innermost axis) stay inside a process, then cp's and pp's, and dp spans the processes.
 
     Devices of one process keep the order given. A tp group that cannot fit inside one
@@ -127,7 +129,8 @@ def place_devices(devices, shape: MeshShape) -> np.ndarray:
                 f"tp={shape.tp} does not fit inside one process ({k} devices each): every "
                 "tensor-parallel all-reduce crosses processes; choose tp dividing "
                 f"{k} for tp inside a process", stacklevel=2)
-    return np.asarray(ordered, dtype=object).reshape(shape.dp, shape.pp, shape.cp, shape.tp)
+    return np.asarray(ordered, dtype=object).reshape(shape.dp, shape.ep, shape.pp, shape.cp,
+                                                       shape.tp)
 
 
 def axis_locality(grid: np.ndarray, axes=MESH_AXES) -> dict[str, str]:

@@ -35,7 +35,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation):
 
 def make_eval_step(graphdef):
     """A jitted function batch -> (sum NLL, token count), for validation."""
-    return jax.jit(lambda params, batch: nll_and_count(graphdef, params, batch))
+    return jax.jit(lambda params, batch: nll_and_count(graphdef, params, batch)[:2])
 
 
 def as_arrays(batch: garden.Batch) -> dict[str, np.ndarray]:

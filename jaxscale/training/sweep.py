@@ -49,7 +49,7 @@ def stack_val(corpus: garden.Corpus, batch_size: int = 128) -> dict:
 def val_loss(graphdef, params, val: dict) -> jax.Array:
     """Token-weighted validation loss over stacked validation batches."""
     def body(acc, batch):
-        s, c = nll_and_count(graphdef, params, batch)
+        s, c = nll_and_count(graphdef, params, batch)[:2]
         return (acc[0] + s, acc[1] + c), None
     (total, count), _ = jax.lax.scan(body, (0.0, 0.0), val)
     return total / count

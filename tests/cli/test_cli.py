@@ -31,7 +31,7 @@ def _fail(capsys, argv):
     (["train", "--lr", "0"], ["--lr", "0"]),
     (["train", "--optimizer", "lion"], ["'lion'", "adamw", "sgd"]),
     (["train", "--devices", "0"], ["--devices", "0"]),
-    (["train", "--mesh", "dp=2,xp=4"], ["'xp'", "dp, pp, cp, tp"]),
+    (["train", "--mesh", "dp=2,xp=4"], ["'xp'", "dp, ep, pp, cp, tp"]),
     (["train", "--mesh", "dp=2,dp=4"], ["'dp' given twice"]),
     (["train", "--mesh", "dp=8", "--sequence-parallel"], ["sequence parallelism", "tp=1"]),
     (["train", "--mesh", "dp=2,pp=2,cp=2", "--micro-batches", "2"], ["cp=2", "pp=2",

@@ -22,7 +22,7 @@ def test_parse_mesh_spec(spec, shape):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("dp=2,xp=4", ["unknown mesh axis 'xp'", "dp, pp, cp, tp"]),
+    ("dp=2,xp=4", ["unknown mesh axis 'xp'", "dp, ep, pp, cp, tp"]),
     ("dp=2,dp=4", ["'dp' given twice"]),
     ("dp=0", ["positive integer", "got 0"]),
     ("dp=-2", ["positive integer", "got -2"]),
@@ -40,8 +40,8 @@ def test_bad_mesh_specs_name_the_problem(spec, words):
 
 def test_mesh_over_forced_devices(devices):
     mesh = make_mesh("dp=2,tp=2,pp=2")
-    assert mesh.axis_names == ("dp", "pp", "cp", "tp")
-    assert dict(mesh.shape) == {"dp": 2, "pp": 2, "cp": 1, "tp": 2}
+    assert mesh.axis_names == ("dp", "ep", "pp", "cp", "tp")
+    assert dict(mesh.shape) == {"dp": 2, "ep": 1, "pp": 2, "cp": 1, "tp": 2}
     assert sorted(d.id for d in mesh.devices.flat) == list(range(N_DEVICES))
     # tp is the innermost axis: a tp group is made of neighbouring devices
     assert [d.id for d in mesh.devices[0, 0, 0, :]] == [0, 1]

@@ -1,0 +1,118 @@
+"""Expert parallelism against the single device: tiny-moe's experts split over ep, its
+tokens exchanged by all-to-all, alone and with dp, tp, sp, cp and ZeRO-1; the router's
+figures and the dropped tokens as one device counts them; the all-to-all bytes in the HLO
+at their closed form; the layouts refused by name."""
+import dataclasses
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jaxscale.measure import compare_trees, hlo
+from jaxscale.model import config as model_config
+from jaxscale.parallel.build import build_train_step
+from jaxscale.parallel.plan import Plan, PlanError
+
+from conftest import KEEP_GRADIENT, canonical_after_two_steps, fp32_sum_bound, one_step, setup
+
+LAYOUTS = {"ep2": dict(ep=2), "ep4": dict(ep=4), "dp2-ep2": dict(dp=2, ep=2),
+           "ep2-tp2": dict(ep=2, tp=2), "dp2-tp2-sp": dict(dp=2, tp=2, sequence_parallel=True),
+           "ep2-cp2": dict(ep=2, cp=2)}
+
+
+@pytest.mark.parametrize("plan", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_expert_layouts_equal_one_device(plan):
+    """One step of tiny-moe, dropless: the loss within fp32_sum_bound(n) of the single
+    device's, every gradient (the router's and the experts' included, which take the
+    load-balancing and z-losses' gradients too) within 1e-5 relative. The router's
+    figures (aux, z: summed over the devices' contributions; dropped, load) within 1e-5
+    relative: their sums run in another order."""
+    ref, ref_loss, ref_step, ref_state = one_step("tiny-moe")
+    grads, loss, step, state = one_step("tiny-moe", **plan)
+    n = setup("tiny-moe")[2]["mask"].sum()
+    assert abs(loss - ref_loss) <= fp32_sum_bound(n) * ref_loss
+    assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
+    batch = setup("tiny-moe")[2]
+    ours, theirs = step(state, batch)[1], ref_step(ref_state, batch)[1]
+    for name in ("moe_aux", "moe_z", "moe_dropped", "moe_load_max"):
+        assert float(ours[name]) == pytest.approx(float(theirs[name]), rel=1e-5, abs=1e-7)
+
+
+def _gradient(plan: Plan, batch):
+    cfg, params, _ = setup("tiny-moe")
+    init, step = build_train_step(cfg, plan, KEEP_GRADIENT, jax.devices()[:plan.n_devices])
+    state, metrics = step(init(params), batch)
+    return step.full_params(state._replace(params=state.opt_state[0].trace)), float(metrics["loss"])
+
+
+def test_the_router_learns_per_micro_batch_as_one_device_does():
+    """With micro-batches the router's losses are each micro-batch's, over every device's
+    share of it: dp=2 x ep=2 with 2 micro-batches equals one device with 2 whose
+    micro-batches hold the same rows (device d's j-th quarter of its rows, for each d).
+    Grouped otherwise the losses see other rows together (measured: 6.7e-4 relative on
+    the router's gradient)."""
+    batch = setup("tiny-moe")[2]
+    rows = len(batch["tokens"])
+    devices, m = 4, 2
+    order = np.arange(rows).reshape(devices, m, -1).transpose(1, 0, 2).ravel()
+    ref, ref_loss = _gradient(Plan(micro_batches=m), {k: v[order] for k, v in batch.items()})
+    grads, loss = _gradient(Plan(dp=2, ep=2, micro_batches=m), batch)
+    assert abs(loss - ref_loss) <= fp32_sum_bound(batch["mask"].sum()) * ref_loss
+    assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
+
+
+def _capacity_run(plan: Plan, factor: float):
+    cfg, params, batch = setup("tiny-moe")
+    cfg = dataclasses.replace(cfg, capacity_factor=factor)
+    init, step = build_train_step(cfg, plan, optax.sgd(0.0), jax.devices()[:plan.n_devices])
+    return step(init(params), batch)[1]
+
+
+def test_dropped_tokens_are_counted_as_one_device_counts_them():
+    """Capacity is per device, over its own micro-batch's tokens: ep=2 drops what one
+    device drops with its batch in 2 micro-batches (the same rows in each group), and a
+    lower capacity factor drops more."""
+    ep = _capacity_run(Plan(ep=2), 1.0)
+    one = _capacity_run(Plan(micro_batches=2), 1.0)
+    assert float(ep["moe_dropped"]) == float(one["moe_dropped"]) > 0
+    assert float(_capacity_run(Plan(ep=2), 0.5)["moe_dropped"]) > float(ep["moe_dropped"])
+
+
+def test_the_canonical_form_carries_the_experts():
+    """Two steps of momentum SGD under dp=2 x ep=2 with ZeRO-1: the canonical state (the
+    experts whole, [L, E, d, f]) within 1e-5 relative of the single device's, and
+    from_canonical(to_canonical(state)) gives the state back bit for bit."""
+    canonical, ref, state, back = canonical_after_two_steps("tiny-moe", dp=2, ep=2, zero_stage=1)
+    cfg = setup("tiny-moe")[0]
+    assert canonical.params["blocks"]["experts"]["w1"].shape == (
+        cfg.n_layers, cfg.n_experts, cfg.d_model, cfg.expert_d_ff)
+    assert compare_trees.max_rel_diff(canonical.params, ref.params) <= 1e-5
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_all_to_all_bytes_are_the_closed_form():
+    """ep=4: per MoE layer, forward dispatch and combine and their two transposes in
+    backward, each all-to-all E x C x d fp32 elements per device (C: the device's
+    tokens, dropless), all of them over the ep axis."""
+    cfg, _, batch = setup("tiny-moe")
+    _, _, step, state = one_step("tiny-moe", ep=4)
+    text = step.jitted.lower(state, step.place_batch(batch)).as_text(dialect="hlo")
+    by_axis = hlo.bytes_by_axis(text, dict(step.mesh.shape))
+    tokens = batch["tokens"].size // 4
+    per = cfg.n_experts * tokens * cfg.d_model * 4
+    assert by_axis["ep"]["all-to-all"] == {"count": 4 * cfg.n_layers,
+                                           "bytes": 4 * cfg.n_layers * per}
+
+
+@pytest.mark.parametrize("model, plan, words", [
+    ("tiny-moe", dict(ep=3, dp=1), "ep=3 must divide the 8 experts; choose ep from [1, 2, 4, 8]"),
+    ("tiny", dict(ep=2), "ep=2 splits a mixture of experts' experts, but the model has none"),
+    ("tiny-moe", dict(ep=2, pp=2, micro_batches=2), "not yet with pp=2"),
+    ("tiny-moe", dict(dp=2, zero_stage=3), "not yet with ZeRO-3"),
+    ("tiny-moe", dict(ep=2, precision="fp8"), "not yet with precision fp8"),
+], ids=["ep-not-dividing", "dense-model", "pipeline", "zero3", "fp8"])
+def test_expert_layouts_refused_by_name(model, plan, words):
+    with pytest.raises(PlanError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        build_train_step(model_config.preset(model), Plan(**plan), optax.sgd(0.1))
