@@ -219,8 +219,7 @@ def forward(params: dict, tokens: jax.Array, remat: str = "none",
 def forward_with_stats(params: dict, tokens: jax.Array, remat: str = "none",
                        tp_axis: str | None = None, *, attention: str = "einsum",
                        unroll: bool = False, seq=None, family: Family = GPT2):
-    """(logits, the routers' statistics over the layers: {} for a dense model): see
-    `forward`."""
+    """(logits, the routers' statistics over the layers: {} if dense): see `forward`."""
     x, stats = layers_with_stats(params["blocks"], embed(params, tokens, seq, family), remat,
                                  tp_axis, attention=attention, unroll=unroll, seq=seq,
                                  family=family)
@@ -247,8 +246,8 @@ def layers(blocks, x, remat: str = "none", tp_axis: str | None = None, *,
     """Run a stack of blocks (leading layers axis) over x with `lax.scan`: all of the
     model's layers, or one pipeline stage's share of them. `unroll` writes the L layers
     out one after another (scan's unroll=True: no loop left in the program)."""
-    return layers_with_stats(blocks, x, remat, tp_axis, attention=attention, unroll=unroll,
-                             seq=seq, family=family)[0]
+    return layers_with_stats(blocks, x, remat, tp_axis, attention=attention,
+                             unroll=unroll, seq=seq, family=family)[0]
 
 
 def layers_with_stats(blocks, x, remat: str = "none", tp_axis: str | None = None, *,
@@ -275,9 +274,7 @@ def head(p, x, family: Family = GPT2):
     return dot("btd,vd->btv", x, p["tok_embed"], history=seen)
 
 
-# --------------------------------------------------------------------------------------
-# Construction helpers
-# --------------------------------------------------------------------------------------
+# --- construction helpers -------------------------------------------------------------
 
 def build(cfg: ModelConfig, seed: int = 0, remat: str = "none", **compute) -> Transformer:
     """A freshly initialised model (deterministic in `seed`); `compute`: attention, unroll,
