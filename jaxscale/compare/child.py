@@ -21,7 +21,7 @@ class WorkerError(RuntimeError):
 
 def mesh_label(plan: dict) -> str:
     """A strategy's layout in a few words, e.g. 'dp=2 tp=4 ZeRO-1 1f1b m=4'."""
-    parts = [f"{a}={plan.get(a, 1)}" for a in ("dp", "cp", "tp", "pp")
+    parts = [f"{a}={plan.get(a, 1)}" for a in ("dp", "ep", "cp", "tp", "pp")
              if plan.get(a, 1) > 1] or ["1 device"]
     if plan.get("sequence_parallel"):
         parts.append("sp")
