@@ -9,7 +9,7 @@ from flax import nnx
 
 from jaxscale import costmodel as cm
 from jaxscale.compare.strategies import CompareError
-from jaxscale.model import config as model_config
+from jaxscale.model import config as model_config, moe
 from jaxscale.model import transformer as modellib
 from jaxscale.parallel.hybrid import param_specs, splits_kv_heads
 from jaxscale.parallel.layouts import Replicated
@@ -28,25 +28,37 @@ def params_per_device(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, fl
     "kv_replicated": those K and V parameters (and biases) of the layers here, if any."""
     d, f, L, tp = cfg.d_model, cfg.d_ff, cfg.n_layers, plan.tp
     b, n_mlp = int(cfg.bias), (3 if cfg.mlp == "swiglu" else 2)
+    experts = 0.0  # a mixture of experts: its experts on this device, split over ep and tp
+    if cfg.n_experts:  # the router whole; no biases in the experts
+        e, fe = cfg.n_experts, cfg.expert_d_ff
+        experts = L / plan.pp * n_mlp * d * fe * e / plan.ep / tp
+        f, b_mlp = fe * cfg.n_shared_experts, 0  # the shared experts: tp splits them
+    else:
+        b_mlp = b
     norm = d * (1 + (cfg.norm == "layernorm" and cfg.bias))  # a scale (+ a bias)
     kv = 2 * d * cfg.kv_heads * cfg.head_dim + b * 2 * cfg.kv_heads * cfg.head_dim
     kv_split = splits_kv_heads(cfg.kv_heads, tp)
     # Q, O, bq; W1 (and W3), W2, b1 (and b3); K, V and their biases when tp splits them
-    split = 2 * d * d + b * d + n_mlp * d * f + b * (n_mlp - 1) * f + (kv if kv_split else 0)
-    replicated = b * 2 * d + 2 * norm + (0 if kv_split else kv)  # bo, b2, two norms
+    split = (2 * d * d + b * d + n_mlp * d * f + b_mlp * (n_mlp - 1) * f
+             + (kv if kv_split else 0))
+    replicated = (b * d + b_mlp * d + 2 * norm + (0 if kv_split else kv)  # bo, b2, norms
+                  + (d * cfg.n_experts if cfg.n_experts else 0))  # the router
     top = (cfg.vocab_size * d * (1 if cfg.tied_head else 2) + norm
            + (cfg.seq_len * d if cfg.position == "learned" else 0))
-    return {"top": top, "blocks": L / plan.pp * (split / tp + replicated),
-            "split": L / plan.pp * split / tp,  # what tp splits
+    total = top + L / plan.pp * (split / tp + replicated) + experts
+    return {"top": top, "blocks": L / plan.pp * (split / tp + replicated) + experts,
+            "split": L / plan.pp * split / tp + experts,  # what tp splits
             "kv_replicated": 0 if kv_split else L / plan.pp * kv,
-            "total": top + L / plan.pp * (split / tp + replicated)}
+            "experts": experts, "total": total}
 
 
-def predictable(plan: Plan) -> bool:
+def predictable(plan: Plan, cfg: model_config.ModelConfig | None = None) -> bool:
     """Whether `predict` models the plan: fp32, no remat (full remat repeats tp's forward
     all-reduces), ZeRO-3 outside a pipeline only with one micro-batch (its gathers repeat
-    per micro-batch; in a pipeline they are counted per tick)."""
-    return (plan.remat == "none" and plan.precision == "fp32"
+    per micro-batch; in a pipeline they are counted per tick); a mixture of experts (with
+    `cfg`) with dp and ep only."""
+    experts = cfg is not None and cfg.n_experts and (plan.tp > 1 or plan.cp > 1)
+    return (plan.remat == "none" and plan.precision == "fp32" and not experts
             and not (plan.zero_stage == 3 and plan.micro_batches > 1 and plan.pp == 1))
 
 
@@ -55,15 +67,16 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
     "sent_by_axis" splits the bytes by the mesh axis each collective runs over.
 
     Modelled: dp, tp, pp, cp, sequence_parallel, schedule, virtual, micro_batches,
-    zero_stage; other plans are refused (see `predictable`)."""
-    if not predictable(plan):
-        raise CompareError(f"the prediction covers fp32 plans without remat (and ZeRO-3 "
-                           f"with one micro-batch); got {plan}")
+    zero_stage, and ep for a mixture of experts; other plans are refused (see
+    `predictable`)."""
+    if not predictable(plan, cfg):
+        raise CompareError(f"the prediction covers fp32 plans without remat (ZeRO-3 with "
+                           f"one micro-batch, experts with dp and ep only); got {plan}")
     psi = params_per_device(cfg, plan)
     k, z, m, tp, cp = plan.dp, plan.zero_stage, plan.micro_batches, plan.tp, plan.cp
     states = cm.model_state_bytes(psi["total"], k, z, "fp32")
     b, s = batch_shape
-    rows = b // k // m  # rows of one micro-batch on one device
+    rows = b // plan.rows // m  # rows of one micro-batch on one device (dp x ep split them)
     act = rows * (s // cp) * cfg.d_model * 4  # one micro-batch's x on a cp share (whole)
     ring = lambda n, g: 2 * (g - 1) / g * n  # noqa: E731
     sent: dict[str, float] = {}
@@ -109,6 +122,8 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
         # K and V whole on every tp device: each computes the gradient of the heads its
         # query heads read, summed over tp once per step (ZeRO: on the dp slices)
         add("all-reduce", ring(4 * psi["kv_replicated"] / (k if z else 1), tp), "tp")
+    if cfg.n_experts:
+        _experts(cfg, plan, rows * (s // cp), 4 * (psi["total"] - psi["experts"]) / shrink, add)
     if cfg.document_mask and (cp > 1 or plan.sequence_parallel):
         g = cp * (tp if plan.sequence_parallel else 1)  # every token's document id, int32
         add("all-gather", m * (g - 1) / g * rows * s * 4, "cp" if cp > 1 else "tp")
@@ -120,6 +135,24 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
         add("all-reduce", ring(4 * psi["top"] / (k if z else 1), plan.pp), "pp")
     return {"params_per_device": psi["total"], "states": states, "sent": sent,
             "sent_by_axis": by_axis}
+
+
+def _experts(cfg, plan: Plan, tokens: int, unsplit: float, add) -> None:
+    """A mixture of experts' collectives (jaxscale.model.moe): per layer and micro-batch,
+    the tokens' places to the experts' devices and back, forward and (transposed)
+    backward, four all-to-alls of E x C x d over ep; the router's load per expert summed
+    over the devices that split the tokens (E floats); and, once per step, the
+    gradients of what ep does not split (everything but the experts) summed over ep."""
+    e, times = cfg.n_experts, cfg.n_layers * plan.micro_batches
+    places = moe.capacity(tokens, e, cfg.family)
+    if plan.ep > 1:
+        add("all-to-all", 4 * times * (plan.ep - 1) / plan.ep * e * places * cfg.d_model * 4,
+            "ep")
+        add("all-reduce", 2 * (plan.ep - 1) / plan.ep * unsplit, "ep")
+    g = plan.dp * plan.ep
+    if g > 1:
+        add("all-reduce", times * 2 * (g - 1) / g * e * 4,
+            "+".join(a for a in ("dp", "ep") if getattr(plan, a) > 1))
 
 
 def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:

@@ -146,7 +146,7 @@ class Rows:
                            optim.adamw(LEARNING_RATE), self.devices)
         p.row["predicted"] = (predict(self.cfg, plan, (self.spec["batch_size"],
                                                        self.cfg.seq_len))
-                              if predictable(plan) else None)
+                              if predictable(plan, self.cfg) else None)
         if not self.train_late:
             self._train(name, p)
         self.held[name] = p

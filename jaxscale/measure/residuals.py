@@ -26,6 +26,7 @@ recomputes a chunk's forward in its backward, so it adds one chunk's residuals.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -45,14 +46,18 @@ def block_residuals(cfg, plan, batch_size: int) -> dict:
     """The residuals of one block on one device of `plan` (module docstring): one row per
     saved value (shape, dtype, bytes, what made it), their sum per layer, and the total a
     device holds at its peak."""
-    rows_here = batch_size // (plan.dp * plan.micro_batches)
+    rows_here = batch_size // (plan.rows * plan.micro_batches)
     tokens = cfg.seq_len // plan.cp
     dtype = precision.policy(plan.precision).compute_dtype
-    weights = _layer_weights(cfg, plan, dtype)
+    # a mixture of experts' layer as on one device, without its all-to-all: ep's E / ep
+    # experts over ep x C places hold what E experts over C places do
+    weights = _layer_weights(cfg, dataclasses.replace(plan, ep=1), dtype)
     x = jax.ShapeDtypeStruct((rows_here, tokens, cfg.d_model), dtype)
+    family = dataclasses.replace(plan.family(cfg), token_axes=(), copy_axes=(),
+                                 shared_axes=(), ep_axis=None)
 
     def one_block(p, x):
-        return block(p, x, None, plan.attention, None, plan.family(cfg))
+        return block(p, x, None, plan.attention, None, family)
     policy = (zero.layer_policy(plan.remat) if plan.zero_stage == 3  # ZeRO-3's own choice
               else modellib.REMAT_POLICIES[plan.remat])
     if policy is not None:

@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from jaxscale.compare.predict import predict
 from jaxscale.measure import compare_trees, hlo
 from jaxscale.model import config as model_config
 from jaxscale.parallel.build import build_train_step
@@ -104,6 +105,26 @@ def test_all_to_all_bytes_are_the_closed_form():
     per = cfg.n_experts * tokens * cfg.d_model * 4
     assert by_axis["ep"]["all-to-all"] == {"count": 4 * cfg.n_layers,
                                            "bytes": 4 * cfg.n_layers * per}
+
+
+@pytest.mark.parametrize("layout", ["ep=2", "ep=4", "dp=2,ep=2", "dp=2,ep=2,zero=1",
+                                    "dp=2,ep=2,micro_batches=2", "dp=4"])
+def test_predicted_bytes_equal_the_program(layout):
+    """compare.predict's ring bytes per collective (all-to-all over ep, the experts'
+    load summed over dp x ep, the gradients of what ep does not split summed over ep,
+    dp's reduction) equal the lowered program's exactly (integers held in floats); the
+    parameters per device too."""
+    cfg, params, batch = setup("tiny-moe")
+    plan = Plan.parse(layout)
+    init, step = build_train_step(cfg, plan, optax.adam(1e-3), jax.devices()[:plan.n_devices])
+    state = init(params)
+    text = step.jitted.lower(state, step.place_batch(batch)).as_text(dialect="hlo")
+    pred = predict(cfg, plan, batch["tokens"].shape)
+    assert pred["sent"] == pytest.approx(hlo.ring_bytes_by_op(text, n_devices=plan.n_devices),
+                                         rel=1e-12)
+    mine = sum(s.data.size for leaf in jax.tree.leaves(state.params)
+               for s in leaf.addressable_shards[:1])
+    assert pred["params_per_device"] == mine
 
 
 @pytest.mark.parametrize("model, plan, words", [
