@@ -101,6 +101,8 @@ def model_shape(args, seq_default: int, require: tuple[str, ...] = ("layers", "h
             shape["swiglu"] = True
         if not cfg.tied_head:
             shape["tied"] = False
+        if cfg.n_experts:  # each expert's width as the MLP's
+            shape.update(experts=cfg.n_experts, top_k=cfg.top_k, ffn=cfg.expert_d_ff)
     given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "kv_heads",
                                            "vocab", "seq") if getattr(args, k) is not None}
     if args.swiglu:
@@ -144,7 +146,8 @@ def transformer(shape: dict):
     return Transformer(shape["layers"], shape["hidden"], shape["heads"] or 1, shape["seq"],
                        ffn=shape["ffn"], kv_heads=shape.get("kv_heads"),
                        vocab=shape["vocab"] or 0, swiglu=shape.get("swiglu", False),
-                       tied=shape.get("tied", True))
+                       tied=shape.get("tied", True), experts=shape.get("experts", 0),
+                       top_k=shape.get("top_k", 1))
 
 
 def resolve_params(args, shape: dict | None) -> tuple[float, str]:

@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jaxscale.compare import phases
-from jaxscale.parallel.hybrid import check_divisible
+from jaxscale.parallel.hybrid import check_divisible, check_experts
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.model import config as model_config
 
 STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "tp", "pp", "dp+tp", "dp+pp", "3d",
-              "fsdp+tp", "tp+sp", "cp", "dp+cp+tp")
+              "fsdp+tp", "tp+sp", "cp", "dp+cp+tp", "ep", "dp+ep")  # ep: models with experts
 CONTROL = "control"  # the single device, batch summed in two halves: rounding alone
 MICRO_BATCHES = 4  # for the pipelined strategies, and ZeRO-1/2 (stage 2's sharded accumulator)
 NOISE_MULTIPLE = 20.0
@@ -53,7 +53,18 @@ def _need_split(k: int, axis: str, n: int, cfg) -> int:
 
 
 def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
-    """The Plan a strategy name stands for on n devices (see STRATEGIES)."""
+    """The Plan a strategy name stands for on n devices (see STRATEGIES), if the model
+    runs under it: the ep strategies need experts, and a mixture of experts runs without
+    pipelines and ZeRO-3 (so a default set leaves those out)."""
+    plan = _plan(name, n, cfg)
+    try:
+        check_experts(cfg, plan)
+    except PlanError as e:
+        raise CompareError(f"strategy {name!r}: {e}") from None
+    return plan
+
+
+def _plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
     tp_ok = lambda k: cfg.n_heads % k == 0 and cfg.d_ff % k == 0  # noqa: E731
     pp_ok = lambda k: cfg.n_layers % k == 0  # noqa: E731
     if name == CONTROL:
@@ -61,7 +72,7 @@ def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
     if name not in STRATEGIES:
         raise CompareError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}, "
                            "or write a layout with --strategy (e.g. dp=2,tp=4,zero=1)")
-    need = {"single": 1, "dp+tp": 2, "dp+pp": 2, "3d": 8, "fsdp+tp": 4,
+    need = {"single": 1, "dp+tp": 2, "dp+pp": 2, "3d": 8, "fsdp+tp": 4, "dp+ep": 4,
             "dp+cp+tp": 8}.get(name, 2)
     if n < need:
         raise CompareError(f"strategy {name!r} needs at least {need} devices, got {n}")
@@ -94,6 +105,10 @@ def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
     if name == "cp":
         return Plan(cp=_need_split(_largest(n, lambda k: cfg.seq_len % (2 * k) == 0), "cp",
                                    n, cfg))
+    if name in ("ep", "dp+ep"):  # the largest ep dividing the experts (and n or n / 2)
+        rows = n if name == "ep" else n // 2
+        ep = _largest(rows, lambda k: cfg.n_experts % k == 0) if cfg.n_experts else 2
+        return Plan(dp=n // ep, ep=ep) if ep > 1 else Plan(ep=n)  # (ep=n: refused by name)
     if name == "dp+cp+tp":
         if n % 8 or not tp_ok(2) or cfg.seq_len % 8:
             raise CompareError(f"strategy 'dp+cp+tp' (dp x cp=2 x tp=2 with sequence "

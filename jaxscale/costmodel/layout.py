@@ -7,9 +7,13 @@ parallelism, the pipeline schedule with v chunks per device, micro-batches, reco
   model states     Psi / (tp x pp) parameters under ZeRO over dp x cp (the devices that
                    hold the same weights) with the byte budget (costmodel.states), +
                    ZeRO-3's gathered layer (one block's weights of this tp shard, in the
-                   budget's weight bytes) when dp x cp > 1
+                   budget's weight bytes) when dp x cp > 1. A mixture of experts' experts
+                   are split over ep too, and ZeRO-sharded over dp x cp; the rest is held
+                   by dp x cp x ep devices alike (ep splits the batch outside the experts)
   activations      costmodel.activations: per layer x layers on the stage x micro-batches
-                   in flight under the schedule, + the layer being recomputed (full)
+                   in flight under the schedule, + the layer being recomputed (full); a
+                   mixture of experts' as the dense MLP of its top_k experts (dropless: its
+                   capacity padding and router probabilities left out)
   cpu              what optimizer offload moves to host memory (not in the device total)
 
 Embeddings and the output head are counted in Psi (their states) but not as activations,
@@ -37,10 +41,11 @@ class Layout:
     recompute: str = "none"
     micro_batch: int = 1  # sequences per micro-batch
     zero_bubble: str = ""  # a zero-bubble schedule: zb-h1 or zb-h2 (v = 1), zbv (v = 2)
+    ep: int = 1  # expert parallel: a mixture of experts' experts split over ep devices
 
     @property
     def devices(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dp * self.tp * self.pp * self.cp * self.ep
 
     @property
     def schedule(self) -> str:
@@ -48,12 +53,12 @@ class Layout:
 
     def micro_batches(self, batch: int) -> int:
         """Micro-batches per replica and step for a global batch of `batch` sequences."""
-        return batch // (self.dp * self.micro_batch)
+        return batch // (self.dp * self.ep * self.micro_batch)
 
     def name(self) -> str:
         """'dp2 tp8 pp4 v2 sp ZeRO-1 selective mb1': the degrees above 1, then the options."""
-        parts = [f"{k}{v}" for k, v in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp),
-                                         ("cp", self.cp)) if v > 1] or ["1 device"]
+        parts = [f"{k}{v}" for k, v in (("dp", self.dp), ("ep", self.ep), ("tp", self.tp),
+                                         ("pp", self.pp), ("cp", self.cp)) if v > 1] or ["1 device"]
         parts += [f"v{self.virtual}"] * (self.virtual > 1) + [self.zero_bubble] * bool(
             self.zero_bubble) + ["sp"] * self.sequence_parallel
         parts += [f"ZeRO-{self.zero}"] * (self.zero > 0)
@@ -66,7 +71,7 @@ class Layout:
 
 def check(shape: Transformer, lay: Layout, batch: int) -> None:
     """Refuse a layout the model cannot be cut into, naming the degree and the dimension."""
-    for name in ("dp", "tp", "pp", "cp", "virtual", "micro_batch"):
+    for name in ("dp", "tp", "pp", "cp", "ep", "virtual", "micro_batch"):
         if getattr(lay, name) < 1:
             raise ShapeError(f"{name} must be >= 1, got {getattr(lay, name)}")
     if shape.heads % lay.tp or shape.kv % lay.tp:
@@ -77,9 +82,11 @@ def check(shape: Transformer, lay: Layout, batch: int) -> None:
                          f"{shape.layers} layers")
     if shape.seq % lay.cp:
         raise ShapeError(f"cp {lay.cp} does not divide the sequence length {shape.seq}")
-    if batch % (lay.dp * lay.micro_batch):
-        raise ShapeError(f"dp x micro-batch = {lay.dp * lay.micro_batch} does not divide the "
-                         f"batch {batch}")
+    if lay.ep > 1 and (not shape.experts or shape.experts % lay.ep):
+        raise ShapeError(f"ep {lay.ep} must divide the model's experts ({shape.experts})")
+    if batch % (lay.dp * lay.ep * lay.micro_batch):
+        raise ShapeError(f"dp x{' ep x' if lay.ep > 1 else ''} micro-batch = "
+                         f"{lay.dp * lay.ep * lay.micro_batch} does not divide the batch {batch}")
     if lay.sequence_parallel and lay.tp == 1:
         raise ShapeError("sequence parallelism splits the tp group: it needs tp >= 2")
     chunks = schedule_model.ZERO_BUBBLE.get(lay.zero_bubble)
@@ -93,10 +100,8 @@ def memory(shape: Transformer, lay: Layout, batch: int, budget: str = "mixed-ada
            dropout: bool = True) -> dict[str, float]:
     """Bytes on the busiest device: states, gathered layer, activations; and the cpu's."""
     check(shape, lay, batch)
-    st = S.state_memory(shape.params(), lay.dp * lay.cp, lay.zero, budget, offload,
-                        model_parallel=lay.tp * lay.pp,
-                        largest_layer=shape.layer_params() / lay.tp)
-    act = A.activation_memory(shape, lay.micro_batch, lay.tp, lay.sequence_parallel, lay.cp,
+    st = _states(shape, lay, budget, offload)
+    act = A.activation_memory(shape.active(), lay.micro_batch, lay.tp, lay.sequence_parallel, lay.cp,
                               lay.pp, lay.micro_batches(batch), lay.schedule, lay.virtual,
                               lay.recompute, flash_attention, dropout)
     out = {"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
@@ -106,3 +111,20 @@ def memory(shape: Transformer, lay: Layout, batch: int, budget: str = "mixed-ada
     out["states"] = st["total"]
     out["total"] = st["total"] + act["total"]
     return out
+
+
+def _states(shape: Transformer, lay: Layout, budget: str, offload: str) -> dict:
+    """The states of the parameters a device holds: one budget for a dense model; for a
+    mixture of experts, its experts' (split over ep x tp x pp, ZeRO over dp x cp) plus the
+    rest's (split over tp x pp, ZeRO over dp x cp x ep)."""
+    experts = shape.expert_params()
+    per_layer = experts / shape.layers  # one layer's experts
+    rest = S.state_memory(shape.params() - experts, lay.dp * lay.cp * lay.ep, lay.zero, budget,
+                          offload, model_parallel=lay.tp * lay.pp,
+                          largest_layer=(shape.layer_params() - per_layer) / lay.tp)
+    if not experts:
+        return rest
+    mine = S.state_memory(experts, lay.dp * lay.cp, lay.zero, budget, offload,
+                          model_parallel=lay.ep * lay.tp * lay.pp,
+                          largest_layer=per_layer / (lay.ep * lay.tp))
+    return {k: rest[k] + mine[k] for k in rest}

@@ -43,14 +43,16 @@ from jaxscale.costmodel.steptime import step_time
 RULES = [
     ("candidates: devices = dp x tp x pp x cp, v chunks per pipeline device (one: the "
      "schedules asked for, 1f1b by default), ZeRO 0-3, "
-     "recompute none/selective/full, micro-batch 1/2/4/8; sequence parallelism whenever tp > 1"),
+     "recompute none/selective/full, micro-batch 1/2/4/8; sequence parallelism whenever tp > 1; "
+     "a mixture of experts: ep, a share of dp dividing the experts"),
     ("structure: tp divides the node size and the heads; pp x v divides the layers; cp divides "
      "the sequence; dp x micro-batch divides the batch; interleaving needs m % pp == 0; "
      "zero-bubble needs m >= p (zb-h1), 2p (zb-h2), 2p-1 (zbv); ZeRO needs dp > 1"),
     "memory per device (states, gathered layer, first-stage activations) <= usable x memory",
     "pipeline bubble (p-1)/(v m) (zero-bubble: (p-1)/(3m), zbv (p-1)/(6m)) <= max bubble, "
     "when a cap is given",
-    "rank by predicted step time (compute, bubble, tp, pp, exposed cp and dp), then memory",
+    "rank by predicted step time (compute, bubble, tp, pp, ep's all-to-alls, exposed cp and "
+    "dp), then memory",
 ]
 
 REASONS = {
@@ -65,7 +67,7 @@ REASONS = {
 }
 
 MICRO_BATCHES = (1, 2, 4, 8)
-FIXABLE = ("dp", "tp", "pp", "cp", "virtual", "zero", "micro_batch")
+FIXABLE = ("dp", "tp", "pp", "cp", "virtual", "zero", "micro_batch", "ep")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -168,7 +170,7 @@ def structural_reason(job: Job, lay: Layout) -> str | None:
         return reason
     if job.shape.layers % (lay.pp * lay.virtual):
         return "pp"
-    if job.batch % (lay.dp * lay.micro_batch):
+    if job.batch % (lay.dp * lay.ep * lay.micro_batch):
         return "batch"
     if lay.virtual > 1 and not lay.zero_bubble and lay.micro_batches(job.batch) % lay.pp:
         return "interleave"
@@ -203,7 +205,16 @@ def meshes(job: Job):
 
 
 def options(job: Job, dp: int, tp: int, pp: int, cp: int):
-    """Rule 1's options on one mesh: v (pp > 1), micro-batch, ZeRO (dp > 1), recompute."""
+    """Rule 1's options on one mesh: v (pp > 1), micro-batch, ZeRO (dp > 1), recompute; a
+    mixture of experts' ep (a share of dp dividing the experts: the rows stay split over
+    dp x ep)."""
+    experts = job.shape.experts
+    for ep in [e for e in divisors(dp) if experts and experts % e == 0] or [1]:
+        if _fixed_ok(job, ep=ep):
+            yield from _options(job, dp // ep, tp, pp, cp, ep)
+
+
+def _options(job: Job, dp: int, tp: int, pp: int, cp: int, ep: int):
     vs = [v for v in divisors(job.shape.layers // pp) if v <= job.max_virtual] if pp > 1 else [1]
     sp = tp > 1 and job.sequence_parallel
     for v in vs:
@@ -213,7 +224,7 @@ def options(job: Job, dp: int, tp: int, pp: int, cp: int):
                 s for s in job.schedules if pp > 1 and ZERO_BUBBLE.get(s) == v]:
             for mb, zero, rc in itertools.product(job.micro_batches, job.zero_stages if dp > 1
                                                   else (0,), job.recompute):
-                lay = Layout(dp, tp, pp, cp, v, sp, zero, rc, mb, zb)
+                lay = Layout(dp, tp, pp, cp, v, sp, zero, rc, mb, zb, ep)
                 if _fixed_ok(job, virtual=v, micro_batch=mb, zero=zero):
                     yield lay
 

@@ -9,10 +9,13 @@ that change the counts of today's open models:
   swiglu    a gated MLP (Llama): three f x h matrices instead of two, and one more f-wide
             activation kept for backward.
   kv_heads  grouped-query attention: k and v have kv_heads x head_dim columns instead of h.
+  experts   a mixture of experts (top_k of them per token, each an MLP of width f, and a
+            router h x experts): the parameters count every expert, the FLOPs and the
+            activations only the top_k a token uses (`active`).
 
 Parameters: L (2h^2 + 2 h h_kv + n_mlp h f) + V h (2 V h untied), n_mlp = 2 (3 with
-SwiGLU), h_kv = kv_heads x h / heads; biases, LayerNorms and learned positions left out
-(they are < 0.1% of any model here).
+SwiGLU), h_kv = kv_heads x h / heads; with E experts the MLP term is E n_mlp h f + h E;
+biases, LayerNorms and learned positions left out (they are < 0.1% of any model here).
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ class Transformer:
     vocab: int = 0
     swiglu: bool = False
     tied: bool = True  # the output head shares the embedding (False: Llama, another V x h)
+    experts: int = 0  # a mixture of experts' routed experts (0: a dense MLP)
+    top_k: int = 1  # experts per token
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq"):
@@ -46,6 +51,8 @@ class Transformer:
         kv = self.kv
         if not 1 <= kv <= self.heads or self.heads % kv:
             raise ShapeError(f"kv_heads {kv} must divide heads {self.heads}")
+        if self.experts < 0 or (self.experts and not 1 <= self.top_k <= self.experts):
+            raise ShapeError(f"top_k {self.top_k} must be 1 to experts {self.experts}")
 
     @property
     def f(self) -> int:
@@ -64,17 +71,32 @@ class Transformer:
     def mlp_matrices(self) -> int:
         return 3 if self.swiglu else 2
 
-    def layer_params(self) -> int:
-        """Matmul weights of one block: Wq, Wo (h x h), Wk, Wv (h x h_kv), the MLP's."""
+    def layer_params(self, active: bool = False) -> int:
+        """Matmul weights of one block: Wq, Wo (h x h), Wk, Wv (h x h_kv), the MLP's (with
+        experts: every expert's, or the top_k a token uses when `active`, and the router)."""
         h = self.hidden
-        return 2 * h * h + 2 * h * self.kv_hidden + self.mlp_matrices * h * self.f
+        mlps = (self.top_k if active else self.experts) if self.experts else 1
+        router = h * self.experts
+        return 2 * h * h + 2 * h * self.kv_hidden + mlps * self.mlp_matrices * h * self.f + router
 
-    def params(self) -> int:
+    def expert_params(self) -> int:
+        """The routed experts' weights, all layers (what expert parallelism splits)."""
+        return self.layers * self.experts * self.mlp_matrices * self.hidden * self.f
+
+    def params(self, active: bool = False) -> int:
         embeddings = (1 if self.tied else 2) * self.vocab * self.hidden
-        return self.layers * self.layer_params() + embeddings
+        return self.layers * self.layer_params(active) + embeddings
+
+    def active(self) -> "Transformer":
+        """The dense model a token sees: top_k experts as one MLP of width top_k x f (the
+        activations and FLOPs of a mixture of experts, its router's left out)."""
+        if not self.experts:
+            return self
+        return replace(self, ffn=self.top_k * self.f, experts=0, top_k=1)
 
     def with_seq(self, seq: int) -> Transformer:
         return replace(self, seq=seq)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "ffn": self.f, "kv_heads": self.kv, "params": self.params()}
+        return {**asdict(self), "ffn": self.f, "kv_heads": self.kv, "params": self.params(),
+                **({"active_params": self.params(active=True)} if self.experts else {})}

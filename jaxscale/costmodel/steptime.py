@@ -23,6 +23,10 @@ Per device and step (B sequences of s tokens, d = dp x tp x pp x cp devices):
             compute, only the excess is exposed
   pp        each micro-batch crosses each of its v chunk boundaries forward and backward:
             2 v m sends of b (s/cp) h / tp 16-bit values (Megatron's scatter-gather)
+  ep        a mixture of experts: per layer and micro-batch, 4 all-to-alls (dispatch and
+            combine, forward and backward) of the device's top_k b (s/cp) h 16-bit values
+            (capacity factor 1), on the critical path
+
   dp        gradients of the Psi/(tp pp) shard over the dp x cp devices that hold the same
             weights (Megatron's data-and-context group; ZeRO shards over it too): ZeRO 0-1
             one all-reduce after the last micro-batch, hidden behind that micro-batch's
@@ -30,9 +34,11 @@ Per device and step (B sequences of s tokens, d = dp x tp x pp x cp devices):
             weights, behind the whole backward; ZeRO-3 two weight all-gathers and a
             reduce-scatter per micro-batch, behind all of the compute. The backward is 2/3
             of the model FLOPs plus all of the recompute. Only the excess over the window is
-            exposed.
+            exposed. With experts, their gradients (split over ep) over dp x cp, the rest's
+            over dp x cp x ep.
 
-Placement, innermost first: tp, cp, pp, dp (jaxscale's mesh order). An axis whose devices
+A mixture of experts' FLOPs are its active parameters' (top_k experts per token).
+Placement, innermost first: tp, cp, pp, ep, dp (jaxscale's mesh order). An axis whose devices
 together with the inner ones fit in a node uses the device's intra link (bidirectional on a
 TPU torus), else its inter link. step = compute + bubble + tp + pp + exposed cp + exposed dp.
 """
@@ -51,19 +57,20 @@ ACT_BYTES = 2  # 16-bit activations on the wire
 def flops_per_token(shape: Transformer, recompute: str = "none") -> dict[str, float]:
     """Model, recompute and hardware FLOPs per trained token (module docstring)."""
     L, s, h = shape.layers, shape.seq, shape.hidden
-    matmul = L * shape.layer_params() + shape.vocab * h  # the input embedding is a lookup
+    layer = shape.layer_params(active=True)  # a mixture of experts: the top_k a token uses
+    matmul = L * layer + shape.vocab * h  # the input embedding is a lookup
     model = 6 * matmul + 12 * L * s * h
-    extra = {"none": 0, "selective": 4 * L * s * h,
-             "full": 2 * L * shape.layer_params() + 4 * L * s * h}
+    extra = {"none": 0, "selective": 4 * L * s * h, "full": 2 * L * layer + 4 * L * s * h}
     if recompute not in extra:
         raise ShapeError(f"unknown recompute {recompute!r}; choose from {', '.join(extra)}")
     return {"model": model, "recompute": extra[recompute], "hardware": model + extra[recompute]}
 
 
 def links(lay: Layout, dev: Device) -> dict[str, tuple[float, bool]]:
-    """(bandwidth, bidirectional) of each mesh axis, placed tp, cp, pp, dp from the inside."""
+    """(bandwidth, bidirectional) of each mesh axis, placed tp, cp, pp, ep, dp from the
+    inside."""
     out, inner = {}, 1
-    for axis in ("tp", "cp", "pp", "dp"):
+    for axis in ("tp", "cp", "pp", "ep", "dp"):
         inner *= getattr(lay, axis)
         within = inner <= dev.node_size
         out[axis] = (dev.intra, dev.bidirectional) if within else (dev.inter, False)
@@ -84,20 +91,23 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
     bubble_share = schedule_model.bubble_over_ideal(lay.schedule, lay.pp, m, lay.virtual)
     bubble = compute * bubble_share
     net = links(lay, dev)
-    sent = {"tp": 0.0, "cp": 0.0, "pp": 0.0, "dp": 0.0}  # bytes per device per step
+    sent = {"tp": 0.0, "cp": 0.0, "pp": 0.0, "ep": 0.0, "dp": 0.0}  # bytes per device per step
 
-    group = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp * lay.cp}
+    group = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "ep": lay.ep, "dp": lay.dp * lay.cp}
 
-    def coll(kind, n, axis, times=1):
+    def coll(kind, n, axis, times=1, k=None):
         bw, bidi = net[axis]
-        sent[axis] += times * collective_bytes(kind, n, group[axis])
-        return times * collective_seconds(kind, n, group[axis], bw, dev.latency, bidi)
+        k = group[axis] if k is None else k
+        sent[axis] += times * collective_bytes(kind, n, k)
+        return times * collective_seconds(kind, n, k, bw, dev.latency, bidi)
 
     layers_here = shape.layers // lay.pp
     local = lay.micro_batch * shape.seq // lay.cp  # tokens of one micro-batch on a device
     act = local * shape.hidden * ACT_BYTES
     per_layer = 6 if lay.recompute == "full" else 4
     tp = coll("all_reduce", act, "tp", layers_here * m * per_layer)
+    ep = (coll("all_to_all", shape.top_k * act, "ep", layers_here * m * 4)
+          if lay.ep > 1 else 0.0)
 
     kv = 2 * local * shape.kv_hidden * ACT_BYTES  # k and v of this device's tokens
     hops = (lay.cp - 1) * (3 + (lay.recompute == "full"))
@@ -111,24 +121,15 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
     pp = 2 * lay.virtual * m * (dev.latency + send / net["pp"][0]) if lay.pp > 1 else 0.0
     sent["pp"] = 2 * lay.virtual * m * send if lay.pp > 1 else 0.0
 
-    w_bytes, g_bytes, _ = BUDGETS[budget]
-    shard = shape.params() / (lay.tp * lay.pp)
     backward = compute * (2 / 3 * fl["model"] + fl["recompute"]) / fl["hardware"]
-    if lay.zero <= 1:
-        dp_total, window = coll("all_reduce", shard * g_bytes, "dp"), backward / m
-    elif lay.zero == 2:
-        rs = coll("reduce_scatter", shard * g_bytes, "dp", m)
-        dp_total = rs + coll("all_gather", shard * w_bytes, "dp")
-        window = backward
-    else:
-        dp_total = (coll("all_gather", shard * w_bytes, "dp", 2 * m)
-                    + coll("reduce_scatter", shard * g_bytes, "dp", m))
-        window = compute
+    window = backward / m if lay.zero <= 1 else backward if lay.zero == 2 else compute
+    dp_total = _data_parallel(shape, lay, budget, m, coll)
     dp = max(0.0, dp_total - window) if overlap else dp_total
 
-    step = compute + bubble + tp + pp + cp + dp
+    step = compute + bubble + tp + pp + cp + dp + ep
     per_s = tokens / step
     return {"compute": compute, "bubble": bubble, "tp": tp, "pp": pp, "cp": cp, "dp": dp,
+            "ep": ep,
             "cp_total": cp_total, "dp_total": dp_total, "step": step,
             "bytes_sent": sent, "bytes_sent_total": sum(sent.values()),
             "bubble_over_ideal": bubble_share,
@@ -136,3 +137,25 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
             "mfu": fl["model"] * per_s / (d * dev.peak),
             "hfu": fl["hardware"] * per_s / (d * dev.peak),
             "links": {k: {"bandwidth": v[0], "bidirectional": v[1]} for k, v in net.items()}}
+
+
+def _data_parallel(shape: Transformer, lay: Layout, budget: str, m: int, coll) -> float:
+    """Seconds of the gradients' reduction over the devices that hold the same weights
+    (module docstring): the shard of Psi / (tp pp) over dp x cp; with experts, theirs
+    (split over ep too) over dp x cp, and the rest over dp x cp x ep."""
+    w_bytes, g_bytes, _ = BUDGETS[budget]
+    experts = shape.expert_params()
+    parts = [((shape.params() - experts) / (lay.tp * lay.pp), lay.dp * lay.cp * lay.ep)]
+    if experts:
+        parts.append((experts / (lay.ep * lay.tp * lay.pp), lay.dp * lay.cp))
+    total = 0.0
+    for shard, k in parts:
+        if lay.zero <= 1:
+            total += coll("all_reduce", shard * g_bytes, "dp", k=k)
+        elif lay.zero == 2:
+            total += (coll("reduce_scatter", shard * g_bytes, "dp", m, k=k)
+                      + coll("all_gather", shard * w_bytes, "dp", k=k))
+        else:
+            total += (coll("all_gather", shard * w_bytes, "dp", 2 * m, k=k)
+                      + coll("reduce_scatter", shard * g_bytes, "dp", m, k=k))
+    return total

@@ -1,7 +1,7 @@
 """A Hugging Face `config.json` read as the fields of a jaxscale ModelConfig, offline.
 
 `--model PATH/config.json` takes the shape of a published model from the file its
-repository ships (LlamaConfig's or GPT2Config's fields), without downloading anything and
+repository ships (LlamaConfig's, MixtralConfig's or GPT2Config's fields), without downloading anything and
 without the transformers package. Every field of the file is accounted for: read into the
 model, or known not to change what jaxscale computes (token ids, dtypes, dropout: jaxscale
 trains without it); any other field, or a value jaxscale does not compute (another
@@ -27,7 +27,8 @@ METADATA = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id", "to
             "pretraining_tp", "tokenizer_class", "task_specific_params", "n_ctx",
             "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
             "summary_first_dropout", "scale_attn_weights", "reorder_and_upcast_attn",
-            "output_past", "gradient_checkpointing", "initializer_factor"}
+            "output_past", "gradient_checkpointing", "initializer_factor",
+            "output_router_logits"}
 DROPOUT = {"attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout",
            "mlp_dropout"}
 
@@ -37,6 +38,11 @@ LLAMA = {"vocab_size": "vocab_size", "hidden_size": "d_model",
 LLAMA_OPTIONAL = {"num_key_value_heads", "rms_norm_eps", "rope_theta", "rope_scaling",
                   "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act",
                   "head_dim", "initializer_range"}
+# Mixtral: Llama's blocks with a mixture of experts in the MLP's place (intermediate_size:
+# each expert's width); its router learns under the load-balancing loss alone (no z-loss)
+MIXTRAL = {**LLAMA, "num_local_experts": "n_experts", "num_experts_per_tok": "top_k"}
+MIXTRAL_OPTIONAL = LLAMA_OPTIONAL | {"router_aux_loss_coef", "sliding_window",
+                                     "router_jitter_noise"}
 GPT2 = {"vocab_size": "vocab_size", "n_embd": "d_model", "n_layer": "n_layers",
         "n_head": "n_heads", "n_positions": "seq_len"}
 GPT2_OPTIONAL = {"n_inner", "activation_function", "layer_norm_epsilon",
@@ -44,7 +50,8 @@ GPT2_OPTIONAL = {"n_inner", "activation_function", "layer_norm_epsilon",
 
 
 def read(path: str | Path) -> dict:
-    """ModelConfig keyword arguments from a config.json (model_type llama or gpt2)."""
+    """ModelConfig keyword arguments from a config.json (model_type llama, mixtral or
+    gpt2)."""
     path = Path(path)
     try:
         fields = json.loads(path.read_text())
@@ -55,13 +62,27 @@ def read(path: str | Path) -> dict:
     if not isinstance(fields, dict):
         raise HFConfigError(f"{path} holds a JSON {type(fields).__name__}, not a config object")
     kind = fields.get("model_type")
-    if kind not in ("llama", "gpt2"):
+    kinds = {"llama": (LLAMA, LLAMA_OPTIONAL), "mixtral": (MIXTRAL, MIXTRAL_OPTIONAL),
+             "gpt2": (GPT2, GPT2_OPTIONAL)}
+    if kind not in kinds:
         raise HFConfigError(f"{path}: model_type {kind!r} is not one jaxscale builds; "
-                            "it reads llama and gpt2 configs")
-    required, optional = (LLAMA, LLAMA_OPTIONAL) if kind == "llama" else (GPT2, GPT2_OPTIONAL)
+                            f"it reads {', '.join(kinds)} configs")
+    required, optional = kinds[kind]
     _check_fields(path, fields, required, optional)
     kwargs = {ours: _positive(path, fields, theirs) for theirs, ours in required.items()}
+    if kind == "mixtral":
+        return _mixtral(path, fields, kwargs)
     return (_llama if kind == "llama" else _gpt2)(path, fields, kwargs)
+
+
+def _mixtral(path, fields, kw) -> dict:
+    """Llama's fields, and the experts': no sliding window, no router noise."""
+    for name, off in (("sliding_window", None), ("router_jitter_noise", 0)):
+        if fields.get(name, off) not in (off, 0.0 if off == 0 else off):
+            _refuse(path, name, fields[name], f"{off!r} (full causal attention, a "
+                                              "deterministic router)")
+    return {**_llama(path, fields, kw), "router_z_weight": 0.0,
+            "router_aux_weight": float(fields.get("router_aux_loss_coef", 0.02))}
 
 
 def _check_fields(path, fields, required, optional) -> None:

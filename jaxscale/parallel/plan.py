@@ -112,7 +112,7 @@ class Plan:
             raise PlanError(f"the plan's mesh {self.mesh_shape} needs {self.n_devices} devices "
                             f"but {n_devices} {'is' if n_devices == 1 else 'are'} available")
         if global_batch is not None and global_batch % (self.rows * self.micro_batches):
-            split = "dp x ep" if self.ep > 1 else "dp"
+            split = "(dp x ep)" if self.ep > 1 else "dp"
             raise PlanError(
                 f"global batch of {global_batch} documents is not divisible by {split} x "
                 f"micro_batches = {self.rows} x {self.micro_batches}; use a batch that is a "

@@ -118,3 +118,29 @@ def test_expert_options_on_a_dense_model_are_refused():
                                                "experts, but the model has none"):
         ModelConfig(vocab_size=8, seq_len=8, d_model=8, n_layers=1, n_heads=2, d_ff=8,
                     top_k=1, capacity_factor=1.25)
+
+
+MIXTRAL_JSON = {  # Mistral's config.json for Mixtral 8x7B v0.1, as its repository ships it
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000}
+
+
+def test_a_mixtral_config_json_is_the_preset(tmp_path):
+    """Read offline: the preset's shape (its context is the file's 32,768), the published
+    count, and Mixtral's router: aux weight 0.02, no z-loss."""
+    import json
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(MIXTRAL_JSON))
+    cfg = model_config.preset(str(path))
+    assert cfg == dataclasses.replace(model_config.preset("mixtral-8x7b"), seq_len=32768,
+                                      router_aux_weight=0.02, router_z_weight=0.0)
+    assert model_config.param_count(cfg) == MIXTRAL["total"]
+    path.write_text(json.dumps({**MIXTRAL_JSON, "sliding_window": 4096}))
+    with pytest.raises(ModelConfigError, match="sliding_window 4096 is not computed by jaxscale"):
+        model_config.preset(str(path))

@@ -174,13 +174,18 @@ COLUMNS = ["layout", "m", "bubble", "states", "activations", "memory", "of devic
            "compute s", "bubble s", "tp s", "pp s", "cp s", "dp s", "step s", "tokens/s", "MFU"]
 
 
-def _row(r: dict) -> list:
+def columns(experts: bool) -> list[str]:
+    """The table's columns; a mixture of experts' adds ep's all-to-all seconds."""
+    return COLUMNS[:14] + ["ep s"] * experts + COLUMNS[14:]
+
+
+def _row(r: dict, experts: bool = False) -> list:
     m, t = r["memory"], r["time"]
+    parts = ("compute", "bubble", "tp", "pp", "cp", "dp") + ("ep",) * experts + ("step",)
     return [r["name"], r["micro_batches"], f"{100 * t['bubble_over_ideal']:.1f}%",
             short_bytes(m["states"]), short_bytes(m["activations"]), short_bytes(m["total"]),
             f"{100 * r['of_device']:.0f}%", short_bytes(t["bytes_sent_total"])] + [
-                f"{t[k]:.3g}" for k in (
-                "compute", "bubble", "tp", "pp", "cp", "dp", "step")] + [
+                f"{t[k]:.3g}" for k in parts] + [
             f"{t['tokens_per_s']:,.0f}", f"{100 * t['mfu']:.1f}%"]
 
 
@@ -189,8 +194,11 @@ def render(r: dict) -> None:
 
     j, dev = r["job"], r["job"]["device"]
     s = j["shape"]
+    experts = bool(s.get("experts"))
+    active = (f", {s['active_params']:.4g} of them used per token (top {s['top_k']} of "
+              f"{s['experts']} experts)" if experts else "")
     say(f"plan: {s['params']:.4g} parameters counted by the cost model (matmul weights and "
-        f"embeddings; {r['shape_source']}); batch "
+        f"embeddings{active}; {r['shape_source']}); batch "
         f"{plural(j['batch'], 'sequence')} x {plural(s['seq'], 'token')}; "
         f"{plural(j['devices'], 'device')} {dev['name']} ({dev['peak'] / 1e12:g} TFLOP/s "
         f"bf16 x efficiency {j['efficiency']:g}, {human_bytes(dev['memory'])}, "
@@ -210,14 +218,14 @@ def render(r: dict) -> None:
     best = r["recommended"]
     if best:
         table("recommended (memory and bytes sent per device per step, GB = 1e9; seconds "
-              "per step)", COLUMNS,
-              [_row(best)])
+              "per step)", columns(experts),
+              [_row(best, experts)])
     else:
         print("no layout fits: see the reasons below")
     if r["alternatives"]:
         n = len(r["alternatives"])
-        table(f"the next {plural(n, 'layout')} of the {r['fitting']:,} that fit", COLUMNS,
-              [_row(x) for x in r["alternatives"]])
+        table(f"the next {plural(n, 'layout')} of the {r['fitting']:,} that fit",
+              columns(experts), [_row(x, experts) for x in r["alternatives"]])
     say(f"{plural(r['considered'], 'mesh', 'meshes')} (dp x tp x pp x cp) considered, "
         f"{sum(r['rejected'].values()):,} rejected (no option on them survives)")
     if r["rejected"]:
@@ -225,7 +233,8 @@ def render(r: dict) -> None:
               sorted(([k, v] for k, v in r["rejected"].items()), key=lambda kv: -kv[1]))
     miss = r["closest_memory_miss"]
     if miss:
-        table("closest to fitting among those rejected for memory", COLUMNS, [_row(miss)])
+        table("closest to fitting among those rejected for memory", columns(experts),
+              [_row(miss, experts)])
 
 
 def _target(args):
