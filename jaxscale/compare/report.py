@@ -72,12 +72,14 @@ def _device_process(result: dict) -> list[int] | None:
 def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, float]:
     """For each mesh axis, the share of ring hops along it (each device to the next in its
     group, the last back to the first) that join two processes; the plan's devices are the
-    first of `device_process`, laid out (dp, pp, cp, tp) as `devices.make_mesh` does."""
+    first of `device_process`, laid out (dp, ep, pp, cp, tp) as `devices.make_mesh` does."""
     sizes = [plan.get(a, 1) for a in MESH_AXES]
     n = int(np.prod(sizes))
     grid = np.asarray(device_process[:n]).reshape(sizes)
     out = {}
     for i, axis in enumerate(MESH_AXES):
+        if axis == "ep" and sizes[i] == 1:  # (named only where it splits something)
+            continue
         groups = np.moveaxis(grid, i, -1).reshape(-1, sizes[i])
         out[axis] = (float(np.mean(groups != np.roll(groups, -1, axis=1))) if sizes[i] > 1
                      else 0.0)

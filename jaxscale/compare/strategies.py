@@ -28,7 +28,9 @@ from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.model import config as model_config
 
 STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "tp", "pp", "dp+tp", "dp+pp", "3d",
-              "fsdp+tp", "tp+sp", "cp", "dp+cp+tp", "ep", "dp+ep")  # ep: models with experts
+              "fsdp+tp", "tp+sp", "cp", "dp+cp+tp")
+EXPERT_STRATEGIES = ("ep", "dp+ep")  # for models with experts (a default set adds them)
+NAMES = STRATEGIES + EXPERT_STRATEGIES
 CONTROL = "control"  # the single device, batch summed in two halves: rounding alone
 MICRO_BATCHES = 4  # for the pipelined strategies, and ZeRO-1/2 (stage 2's sharded accumulator)
 NOISE_MULTIPLE = 20.0
@@ -69,8 +71,8 @@ def _plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
     pp_ok = lambda k: cfg.n_layers % k == 0  # noqa: E731
     if name == CONTROL:
         return Plan(micro_batches=2)
-    if name not in STRATEGIES:
-        raise CompareError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}, "
+    if name not in NAMES:
+        raise CompareError(f"unknown strategy {name!r}; choose from {', '.join(NAMES)}, "
                            "or write a layout with --strategy (e.g. dp=2,tp=4,zero=1)")
     need = {"single": 1, "dp+tp": 2, "dp+pp": 2, "3d": 8, "fsdp+tp": 4, "dp+ep": 4,
             "dp+cp+tp": 8}.get(name, 2)

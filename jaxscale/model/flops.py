@@ -5,8 +5,11 @@ term). Every token meets each weight matrix once in the forward pass, so a model
 matmul weights spends 2N FLOPs per token forward and 4N backward (one matmul for the
 gradient of the activations, one for the gradient of the weights): 6N per token.
 
-  N          L * (4 d^2 + 2 d f)  +  V d
-             Wq Wk Wv Wo, W1 W2     the output head (tied to the embedding, still a matmul)
+  N          L * (2 d^2 + 2 d d_kv + n d f)  +  V d
+             Wq Wo, Wk Wv, W1 W2 (W3)   the output head (tied or not: one matmul)
+             d_kv = kv_heads x head_dim (grouped-query attention; d without it), n = 2, or
+             3 with SwiGLU. A mixture of experts: the top_k experts a token uses (each
+             n d f_e) and the router (d E) in the MLP's place; its shared experts too.
              Embedding lookups (token, position) gather rows; biases, LayerNorms, GELU and
              softmax are elementwise: none of them is counted.
   attention  12 L s d per token. Forward, per layer and token: the query meets s keys
@@ -27,9 +30,10 @@ from dataclasses import asdict, dataclass
 from jaxscale.model.config import ModelConfig, ModelConfigError
 from jaxscale.model.transformer import check_compute
 
-CONVENTION = ("model FLOPs/token = 6N (N = L(4d^2+2df) + Vd matmul weights, fwd 2N + bwd 4N)"
-              " + 12 L s d attention (non-causal s x s, as PaLM/MaxText); no remat, no"
-              " elementwise ops")
+CONVENTION = ("model FLOPs/token = 6N (N = L(2d^2 + 2d d_kv + n d f) + Vd matmul weights, n = 2"
+              " or 3 with SwiGLU, a token's top_k experts and the router for a mixture of"
+              " experts; fwd 2N + bwd 4N) + 12 L s d attention (non-causal s x s, as"
+              " PaLM/MaxText); no remat, no elementwise ops")
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,15 @@ class FlopCount:
 
 
 def block_matmul_params(cfg: ModelConfig) -> int:
-    """Matmul weights of the L blocks: Wq, Wk, Wv, Wo (d x d each) and W1, W2 (d x f)."""
-    return cfg.n_layers * (4 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.d_ff)
+    """Matmul weights a token meets in the L blocks: Wq, Wo (d x d), Wk, Wv (d x d_kv),
+    the MLP's (or its top_k experts', the router and the shared experts')."""
+    d, n = cfg.d_model, (3 if cfg.mlp == "swiglu" else 2)
+    attention = 2 * d * d + 2 * d * cfg.kv_heads * cfg.head_dim
+    if cfg.n_experts:
+        mlp = d * cfg.n_experts + (cfg.top_k + cfg.n_shared_experts) * n * d * cfg.expert_d_ff
+    else:
+        mlp = n * d * cfg.d_ff
+    return cfg.n_layers * (attention + mlp)
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> FlopCount:
@@ -97,19 +108,28 @@ def hand_count(cfg: ModelConfig, batch: int, seq: int) -> int:
     if seq > cfg.seq_len:
         raise ModelConfigError(f"seq={seq} exceeds seq_len={cfg.seq_len}")
     b, t, d, h, k = batch, seq, cfg.d_model, cfg.n_heads, cfg.head_dim
-    f, v, s = cfg.d_ff, cfg.vocab_size, seq  # s: the keys each query meets (no mask)
+    v, s, kv = cfg.vocab_size, seq, cfg.kv_heads  # s: the keys each query meets (no mask)
     one_layer = (
         2 * b * t * d * h * k  # q = btd,dhk->bthk
-        + 2 * b * t * d * h * k  # k = btd,dhk->bthk
-        + 2 * b * t * d * h * k  # v = btd,dhk->bthk
-        + 2 * b * h * t * s * k  # scores = bqhk,bshk->bhqs
+        + 2 * b * t * d * kv * k  # k = btd,dhk->bthk (kv heads)
+        + 2 * b * t * d * kv * k  # v = btd,dhk->bthk
+        + 2 * b * h * t * s * k  # scores = bqhk,bshk->bhqs (k, v repeated per group)
         + 2 * b * h * t * s * k  # out = bhqs,bshk->bqhk
         + 2 * b * t * h * k * d  # bthk,hkd->btd (Wo)
-        + 2 * b * t * d * f  # x @ W1: [bt, d] @ [d, f]
-        + 2 * b * t * f * d  # h @ W2: [bt, f] @ [f, d]
+        + _mlp_count(cfg, b * t)
     )
     head = 2 * b * t * d * v  # logits = btd,vd->btv
     return cfg.n_layers * one_layer + head
+
+
+def _mlp_count(cfg: ModelConfig, tokens: int) -> int:
+    """The MLP's forward FLOPs for `tokens`: x @ W1 (and W3) [d, f], h @ W2 [f, d]; a
+    mixture of experts: the router [d, E], each token's top_k experts and the shared."""
+    d, n = cfg.d_model, (3 if cfg.mlp == "swiglu" else 2)
+    if not cfg.n_experts:
+        return n * 2 * tokens * d * cfg.d_ff
+    routed = (cfg.top_k + cfg.n_shared_experts) * n * 2 * tokens * d * cfg.expert_d_ff
+    return 2 * tokens * d * cfg.n_experts + routed
 
 
 def xla_flops(compiled) -> float | None:

@@ -27,7 +27,7 @@ from jaxscale.model import config as model_config
 
 def register(subparsers) -> None:
     from jaxscale.cli import runtime_options as runtime
-    from jaxscale.compare.strategies import CONTROL, NOISE_FLOOR, NOISE_MULTIPLE, STRATEGIES
+    from jaxscale.compare.strategies import CONTROL, NAMES, NOISE_FLOOR, NOISE_MULTIPLE
     from jaxscale.cli.model_arg import FILE_HELP, model_arg
     from jaxscale.model.config import PRESETS
     from jaxscale.parallel.plan import LAYOUT_KEYS
@@ -63,7 +63,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=_number(), default=32,
                    help="documents per step, the same for every strategy (default 32)")
     p.add_argument("--strategies", default=None, metavar="LIST",
-                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all that "
+                   help=f"comma-separated, from {', '.join(NAMES)} (default: all that "
                         "fit the devices, unless --strategy is given)")
     p.add_argument("--strategy", action="append", default=[], metavar="LAYOUT",
                    help="a layout written out, e.g. dp=2,tp=4,zero=1,remat=full,precision=bf16 "
@@ -100,11 +100,11 @@ def register(subparsers) -> None:
 def _strategy_names(args, n, cfg) -> tuple[list[str], tuple[str, ...]]:
     """(strategy names, written-out layouts) to run; the single device and the control
     first (the reference and the noise floor), unless compiling only."""
-    from jaxscale.compare.strategies import CONTROL, STRATEGIES, CompareError, strategy_plan
+    from jaxscale.compare.strategies import CONTROL, NAMES, CompareError, strategy_plan
     layouts = tuple(args.strategy)
     if args.strategies is None and not layouts:
         names = []
-        for name in STRATEGIES:
+        for name in NAMES:  # (the ep strategies only fit models with experts)
             try:
                 strategy_plan(name, n, cfg)
                 names.append(name)
@@ -112,10 +112,10 @@ def _strategy_names(args, n, cfg) -> tuple[list[str], tuple[str, ...]]:
                 pass  # does not fit these devices: left out of the default set
     else:
         names = [s.strip() for s in (args.strategies or "").split(",") if s.strip()]
-        bad = [s for s in names if s not in STRATEGIES]
+        bad = [s for s in names if s not in NAMES]
         if bad or (args.strategies is not None and not names):
             raise CompareError(f"unknown strategy {bad[0] if bad else args.strategies!r}; "
-                               f"choose from {', '.join(STRATEGIES)}")
+                               f"choose from {', '.join(NAMES)}")
     if not args.abstract:
         names = ["single", CONTROL] + [s for s in names if s not in ("single", CONTROL)]
     return names, layouts
