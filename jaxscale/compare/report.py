@@ -77,13 +77,11 @@ def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, floa
     n = int(np.prod(sizes))
     grid = np.asarray(device_process[:n]).reshape(sizes)
     out = {}
-    for i, axis in enumerate(MESH_AXES):
-        if axis == "ep" and sizes[i] == 1:  # (named only where it splits something)
-            continue
+    for i, axis in enumerate(MESH_AXES):  # (ep named only where it splits something)
         groups = np.moveaxis(grid, i, -1).reshape(-1, sizes[i])
         out[axis] = (float(np.mean(groups != np.roll(groups, -1, axis=1))) if sizes[i] > 1
                      else 0.0)
-    return out
+    return out if sizes[MESH_AXES.index("ep")] > 1 else {k: v for k, v in out.items() if k != "ep"}
 
 
 def predicted_by_axis(cfg, plan: dict, batch_shape: tuple[int, int],

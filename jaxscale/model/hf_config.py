@@ -1,8 +1,8 @@
 """A Hugging Face `config.json` read as the fields of a jaxscale ModelConfig, offline.
 
 `--model PATH/config.json` takes the shape of a published model from the file its
-repository ships (LlamaConfig's, MixtralConfig's or GPT2Config's fields), without downloading anything and
-without the transformers package. Every field of the file is accounted for: read into the
+repository ships (LlamaConfig's, MixtralConfig's or GPT2Config's fields), without
+downloading anything and without the transformers package. Every field of the file is accounted for: read into the
 model, or known not to change what jaxscale computes (token ids, dtypes, dropout: jaxscale
 trains without it); any other field, or a value jaxscale does not compute (another
 activation, another RoPE scaling), is an error that names it, since a model read wrong

@@ -1,5 +1,5 @@
-"""Tensor, pipeline, context and data parallelism together: one shard_map over the
-(dp, pp, cp, tp) mesh.
+"""Tensor, pipeline, context, expert and data parallelism together: one shard_map over the
+(dp, ep, pp, cp, tp) mesh.
 
 Where each parameter lives follows from its logical axis names (jaxscale.model.transformer), by rules:
 
@@ -173,10 +173,12 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
         compiled, guarded = shard_step(update, mesh, state_specs, batch_spec=P(rows))
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs, is_leaf=is_spec)
     infos = param_infos(shapes, specs)
-    return _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order), PlanStep(
+    step = PlanStep(
         mesh, compiled,  # whole parameters in the model's layer order
         jax.jit(lambda state: jax.tree.map(layout.params_to_canonical, state.params, infos)),
         Canonical(layout, optimizer, pol, shapes, mesh, shardings, specs), guarded)
+    step.batch_sharding = NamedSharding(mesh, P(rows))  # the rows where the step reads them
+    return _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order), step
 
 
 def row_axes(plan):

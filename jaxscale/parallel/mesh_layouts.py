@@ -1,5 +1,5 @@
-"""The layouts of a (dp, pp, cp, tp) mesh: parameters sharded over tp and pp by their
-logical axes, replicated over dp and cp; with ZeRO, each device's own shards sliced again
+"""The layouts of a (dp, ep, pp, cp, tp) mesh: parameters sharded over tp, pp and ep by
+their logical axes, replicated over dp and cp; with ZeRO, each device's own shards sliced again
 over dp (the 2-D FSDP x TP layout), one class per stage.
 
 The canonical form of these layouts is whole tensors sharded as the plan shards the

@@ -44,7 +44,7 @@ def test_mesh_over_forced_devices(devices):
     assert dict(mesh.shape) == {"dp": 2, "ep": 1, "pp": 2, "cp": 1, "tp": 2}
     assert sorted(d.id for d in mesh.devices.flat) == list(range(N_DEVICES))
     # tp is the innermost axis: a tp group is made of neighbouring devices
-    assert [d.id for d in mesh.devices[0, 0, 0, :]] == [0, 1]
+    assert [d.id for d in mesh.devices[0, 0, 0, 0, :]] == [0, 1]
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
 
 

@@ -30,9 +30,9 @@ def fake_devices(processes, per_process):
     return [FakeDevice(2048 * p + i, p) for p in range(processes) for i in range(per_process)]
 
 
-def _where(dp="in", pp="in", tp="in"):  # cp is 1 in these shapes: always in-process
-    return {"dp": f"{dp}-process", "pp": f"{pp}-process", "cp": "in-process",
-            "tp": f"{tp}-process"}
+def _where(dp="in", pp="in", tp="in"):  # cp and ep are 1 in these shapes: in-process
+    return {"dp": f"{dp}-process", "ep": "in-process", "pp": f"{pp}-process",
+            "cp": "in-process", "tp": f"{tp}-process"}
 
 
 @pytest.mark.parametrize("p,k,shape,expect", [
@@ -48,7 +48,7 @@ def test_tp_stays_inside_a_process_then_pp_and_dp_spans_processes(p, k, shape, e
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # these all place without a warning
         grid = meshlib.place_devices(devs, shape)
-    assert grid.shape == (shape.dp, shape.pp, shape.cp, shape.tp)
+    assert grid.shape == (shape.dp, shape.ep, shape.pp, shape.cp, shape.tp)
     assert meshlib.axis_locality(grid) == expect
     # each process's devices form a contiguous block of the flat order
     procs = [d.process_index for d in grid.flat]
