@@ -64,7 +64,7 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
             rows.append(refused_row(name, plan, pred, target, str(e)))  # XLA:TPU: too big
             continue
         mem = memory.memory(compiled)
-        batch_bytes = 12 * batch_size * cfg.seq_len // plan.dp
+        batch_bytes = 12 * batch_size * cfg.seq_len // plan.rows  # rows over dp x ep
         states = mem["arguments"] - batch_bytes
         row = {"name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
                "memory": mem, "states_measured": states,

@@ -10,10 +10,13 @@ parallelism, the pipeline schedule with v chunks per device, micro-batches, reco
                    budget's weight bytes) when dp x cp > 1. A mixture of experts' experts
                    are split over ep too, and ZeRO-sharded over dp x cp; the rest is held
                    by dp x cp x ep devices alike (ep splits the batch outside the experts)
+                   and ZeRO-sharded over all of them (DeepSpeed-MoE; jaxscale's ZeRO
+                   shards over dp only)
   activations      costmodel.activations: per layer x layers on the stage x micro-batches
                    in flight under the schedule, + the layer being recomputed (full); a
-                   mixture of experts' as the dense MLP of its top_k experts (dropless: its
-                   capacity padding and router probabilities left out)
+                   mixture of experts' as the dense MLP of its top_k experts (capacity
+                   factor 1, the router's probabilities left out; jaxscale's dropless
+                   default pads every expert to a device's tokens, E / top_k times more)
   cpu              what optimizer offload moves to host memory (not in the device total)
 
 Embeddings and the output head are counted in Psi (their states) but not as activations,
@@ -101,7 +104,8 @@ def memory(shape: Transformer, lay: Layout, batch: int, budget: str = "mixed-ada
     """Bytes on the busiest device: states, gathered layer, activations; and the cpu's."""
     check(shape, lay, batch)
     st = _states(shape, lay, budget, offload)
-    act = A.activation_memory(shape.active(), lay.micro_batch, lay.tp, lay.sequence_parallel, lay.cp,
+    act = A.activation_memory(shape.active(), lay.micro_batch, lay.tp, lay.sequence_parallel,
+                              lay.cp,
                               lay.pp, lay.micro_batches(batch), lay.schedule, lay.virtual,
                               lay.recompute, flash_attention, dropout)
     out = {"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],

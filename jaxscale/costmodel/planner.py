@@ -146,6 +146,11 @@ def _check_fixed_mesh(job: Job) -> None:
         must = "equal" if len(mesh) == 4 else "divide"
         raise cm.CostModelError(f"cannot fix {shown}: their product {product} must {must} "
                                 f"the {job.devices} devices")
+    ep = dict(job.fixed).get("ep", 1)
+    if ep > 1 and (not job.shape.experts or job.shape.experts % ep or job.devices % ep):
+        raise cm.CostModelError(f"cannot fix ep={ep}: ep splits a mixture of experts' experts "
+                                f"and must divide them ({job.shape.experts or 'none here'}) "
+                                f"and the {job.devices} devices")
     if mesh.get("cp", 1) > job.max_cp:
         raise cm.CostModelError(f"cannot fix cp={mesh['cp']}: the planner considers cp up "
                                 f"to {job.max_cp}")
@@ -195,12 +200,14 @@ def _fixed_ok(job: Job, **degrees) -> bool:
 
 
 def meshes(job: Job):
-    """Every devices = dp x tp x pp x cp (cp <= max_cp) that the fixed degrees allow."""
+    """Every devices = dp x tp x pp x cp (cp <= max_cp) that the fixed degrees allow (a
+    mixture of experts' dp is dp x ep: a fixed dp or ep is held in `options`)."""
     for tp in divisors(job.devices):
         for cp in (c for c in divisors(job.devices // tp) if c <= job.max_cp):
             for pp in divisors(job.devices // (tp * cp)):
                 dp = job.devices // (tp * cp * pp)
-                if _fixed_ok(job, dp=dp, tp=tp, pp=pp, cp=cp):
+                rows = {} if job.shape.experts else {"dp": dp}
+                if _fixed_ok(job, tp=tp, pp=pp, cp=cp, **rows):
                     yield dp, tp, pp, cp
 
 
@@ -210,7 +217,7 @@ def options(job: Job, dp: int, tp: int, pp: int, cp: int):
     dp x ep)."""
     experts = job.shape.experts
     for ep in [e for e in divisors(dp) if experts and experts % e == 0] or [1]:
-        if _fixed_ok(job, ep=ep):
+        if _fixed_ok(job, ep=ep, dp=dp // ep):
             yield from _options(job, dp // ep, tp, pp, cp, ep)
 
 

@@ -25,7 +25,9 @@ Per device and step (B sequences of s tokens, d = dp x tp x pp x cp devices):
             2 v m sends of b (s/cp) h / tp 16-bit values (Megatron's scatter-gather)
   ep        a mixture of experts: per layer and micro-batch, 4 all-to-alls (dispatch and
             combine, forward and backward) of the device's top_k b (s/cp) h 16-bit values
-            (capacity factor 1), on the critical path
+            (capacity factor 1: an implementation that drops, or a grouped matmul that
+            sends no padding; jaxscale's dropless default sends E / top_k times that, its
+            fixed places padded: jaxscale.compare.predict counts those), on the critical path
 
   dp        gradients of the Psi/(tp pp) shard over the dp x cp devices that hold the same
             weights (Megatron's data-and-context group; ZeRO shards over it too): ZeRO 0-1

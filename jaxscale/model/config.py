@@ -97,7 +97,8 @@ class ModelConfig:
         if not 1 <= k <= e:
             raise ModelConfigError(f"top_k={k} experts per token out of n_experts={e}; "
                                    f"choose top_k from 1 to {e}")
-        if cf is not None and not cf > 0:
+        if cf is not None and (not isinstance(cf, (int, float)) or isinstance(cf, bool)
+                               or not cf > 0):
             raise ModelConfigError(f"capacity_factor must be > 0 (1.0: each expert takes its "
                                    f"fair share of tokens), or None for dropless; got {cf}")
 
@@ -214,11 +215,13 @@ PRESETS: dict[str, ModelConfig] = {
     "llama3-70b": _llama(128256, 8192, 8192, 80, 64, 8, 28672, 5e5),
     "llama3-405b": _llama(128256, 8192, 16384, 126, 128, 8, 53248, 5e5),
     # mixtures of experts: tiny-llama's attention with 8 SwiGLU experts of width 64, top-2
-    # (trains here); Mixtral 8x7B's published shape (Mistral's config.json)
+    # (trains here); Mixtral 8x7B's published shape and router loss (Mistral's config.json:
+    # router_aux_loss_coef 0.02, jaxscale's 0.02 x 2 / 32 per layer, hf_config; no z-loss)
     "tiny-moe": _garden(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
                         n_experts=8, top_k=2, **LLAMA),
     "mixtral-8x7b": dataclasses.replace(_llama(32000, 4096, 4096, 32, 32, 8, 14336, 1e6),
-                                        n_experts=8, top_k=2),
+                                        n_experts=8, top_k=2, router_aux_weight=0.02 * 2 / 32,
+                                        router_z_weight=0.0),
 }
 
 

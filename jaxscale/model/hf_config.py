@@ -2,11 +2,11 @@
 
 `--model PATH/config.json` takes the shape of a published model from the file its
 repository ships (LlamaConfig's, MixtralConfig's or GPT2Config's fields), without
-downloading anything and without the transformers package. Every field of the file is accounted for: read into the
-model, or known not to change what jaxscale computes (token ids, dtypes, dropout: jaxscale
-trains without it); any other field, or a value jaxscale does not compute (another
-activation, another RoPE scaling), is an error that names it, since a model read wrong
-would give every figure after it wrong.
+downloading anything and without the transformers package. Every field of the file is
+accounted for: read into the model, or known not to change what jaxscale computes (token
+ids, dtypes, dropout: jaxscale trains without it); any other field, or a value jaxscale
+does not compute (another activation, another RoPE scaling), is an error that names it,
+since a model read wrong would give every figure after it wrong.
 
 Returns plain keyword arguments: jaxscale.model.config builds the ModelConfig (this
 module does not import it, so that the presets can name files).
@@ -76,13 +76,18 @@ def read(path: str | Path) -> dict:
 
 
 def _mixtral(path, fields, kw) -> dict:
-    """Llama's fields, and the experts': no sliding window, no router noise."""
+    """Llama's fields, and the experts': no sliding window, no router noise. The router's
+    coefficient is converted to jaxscale's weight: transformers computes Switch's loss
+    once over every layer's tokens together with f_i summing to top_k, jaxscale once per
+    layer with f_i summing to 1 and the layers' losses summed, so the same loss is
+    coefficient x top_k / layers here (exactly so when the layers route alike)."""
     for name, off in (("sliding_window", None), ("router_jitter_noise", 0)):
         if fields.get(name, off) not in (off, 0.0 if off == 0 else off):
             _refuse(path, name, fields[name], f"{off!r} (full causal attention, a "
                                               "deterministic router)")
+    coefficient = float(fields.get("router_aux_loss_coef", 0.001))  # MixtralConfig's default
     return {**_llama(path, fields, kw), "router_z_weight": 0.0,
-            "router_aux_weight": float(fields.get("router_aux_loss_coef", 0.02))}
+            "router_aux_weight": coefficient * kw["top_k"] / kw["n_layers"]}
 
 
 def _check_fields(path, fields, required, optional) -> None:

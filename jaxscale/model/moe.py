@@ -4,7 +4,9 @@ Read top to bottom, one layer does this (GShard's recipe, Lepikhin et al. 2020, 
 Switch's and ST-MoE's router losses):
 
     route      logits = x W_router (fp32), probs = softmax(logits); each token keeps its
-               top_k experts, their probabilities renormalised to sum to 1 (Mixtral's gates)
+               top_k experts, their probabilities renormalised to sum to 1 (Mixtral's
+               gates); top-1 keeps its raw probability (Switch's: renormalised it would be
+               1, and the loss would give the router no gradient)
     assign     each (token, choice) takes the next place in its expert's queue, every
                token's first choice before any second choice; an expert holds C places
                and an assignment beyond them is dropped (the token goes on through the
@@ -91,11 +93,11 @@ def capacity(n_tokens: int, n_experts: int, family: Family) -> int:
 
 def route(router, tokens, top_k: int):
     """(logits [N, E] fp32, probs [N, E], gates [N, k], experts [N, k]): each token's
-    top_k experts and their renormalised probabilities."""
+    top_k experts and their probabilities, renormalised when k > 1."""
     logits = tokens.astype(jnp.float32) @ router.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     gates, experts = lax.top_k(probs, top_k)
-    return logits, probs, gates / gates.sum(-1, keepdims=True), experts
+    return logits, probs, gates / gates.sum(-1, keepdims=True) if top_k > 1 else gates, experts
 
 
 def assign(experts, n_experts: int, places: int):
@@ -115,7 +117,9 @@ def dispatch(tokens, place, n_experts: int, places: int):
     n, k = place.shape
     spread = jnp.broadcast_to(tokens[:, None, :], (n, k, tokens.shape[-1]))
     flat = jnp.zeros((n_experts * places, tokens.shape[-1]), tokens.dtype)
-    return flat.at[place].set(spread, mode="drop").reshape(n_experts, places, -1)
+    # an add (the kept places are distinct, the buffer zeros): the same values as a set,
+    # whose gradient through repeated indices (the dropped ones) JAX computes the slow way
+    return flat.at[place].add(spread, mode="drop").reshape(n_experts, places, -1)
 
 
 def combine(outputs, place, gates):

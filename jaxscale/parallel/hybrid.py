@@ -119,10 +119,11 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
     shape."""
     check_experts(cfg, plan)
     v = plan.virtual
-    if cfg.n_heads % plan.tp or cfg.d_ff % plan.tp:
+    width = cfg.expert_d_ff if cfg.n_experts else cfg.d_ff  # (the MLP's, or each expert's)
+    if cfg.n_heads % plan.tp or width % plan.tp:
+        fits = [k for k in range(1, cfg.n_heads + 1) if cfg.n_heads % k == 0 and width % k == 0]
         raise PlanError(f"tp={plan.tp} must divide the heads ({cfg.n_heads}) and the MLP "
-                        f"width ({cfg.d_ff}); choose tp from "
-                        f"{[k for k in range(1, cfg.n_heads + 1) if cfg.n_heads % k == 0 and cfg.d_ff % k == 0]}")
+                        f"width ({width}); choose tp from {fits}")
     if plan.pp > 1 and cfg.n_layers % (plan.pp * v):
         raise PlanError(f"pp x virtual = {plan.pp} x {v} = {plan.pp * v} chunks must divide "
                         f"the {cfg.n_layers} layers; {_chunk_choices(cfg.n_layers, plan.pp, v)}")

@@ -225,10 +225,10 @@ def elastic_micro_batches(saved: Plan, plan: Plan, global_batch: int) -> int:
     device does not grow): the fewest that fit. A dp that cannot split the global batch is
     refused with the dp sizes (and device counts) that can: an elastic restart onto fewer
     devices picks one of those."""
-    rows = global_batch // (saved.dp * saved.micro_batches)
-    if global_batch % plan.dp == 0:
-        for m in range(1, global_batch // plan.dp + 1):
-            if global_batch % (plan.dp * m) == 0 and global_batch // (plan.dp * m) <= rows:
+    rows = global_batch // (saved.rows * saved.micro_batches)  # (rows split over dp x ep)
+    if global_batch % plan.rows == 0:
+        for m in range(1, global_batch // plan.rows + 1):
+            if global_batch % (plan.rows * m) == 0 and global_batch // (plan.rows * m) <= rows:
                 try:
                     Plan(**{**plan.as_dict(), "micro_batches": m}).validate(global_batch)
                 except PlanError:

@@ -65,3 +65,19 @@ def test_ep_without_dividing_experts_is_refused():
         memory(MIXTRAL, Layout(dp=1, ep=3), 3)
     with pytest.raises(ShapeError, match="top_k 9 must be 1 to experts 8"):
         Transformer(2, 64, 4, experts=8, top_k=9)
+
+
+def test_a_fixed_dp_or_ep_is_held_for_experts():
+    """With experts a mesh's dp is dp x ep: --fix dp=8 keeps dp itself at 8 (ep beside it),
+    --fix ep=4 keeps ep; an ep that cannot split the experts is refused by name."""
+    job = planner.Job(MIXTRAL, batch=256, devices=64, device=DEVICES["h100"],
+                      fixed=(("dp", 8),))
+    rows = planner.ranked(job)
+    assert rows and all(r["layout"]["dp"] == 8 for r in rows)
+    assert any(r["layout"]["ep"] > 1 for r in rows)
+    fixed_ep = planner.Job(MIXTRAL, batch=256, devices=64, device=DEVICES["h100"],
+                           fixed=(("ep", 4),))
+    assert all(r["layout"]["ep"] == 4 for r in planner.ranked(fixed_ep))
+    with pytest.raises(planner.cm.CostModelError, match="cannot fix ep=3"):
+        planner.check(planner.Job(MIXTRAL, batch=256, devices=64, device=DEVICES["h100"],
+                                  fixed=(("ep", 3),)))

@@ -41,6 +41,16 @@ def _family(**kw):
     return dataclasses.replace(model_config.preset("tiny-moe").family, **kw)
 
 
+def test_top_1_keeps_the_raw_probability():
+    """Switch's gate: renormalised, a single expert's gate would be 1 and the loss would
+    give the router no gradient."""
+    logits = jnp.array([[2.0, 0.0, -1.0]])
+    _, probs, gates, experts = moe.route(jnp.eye(3), logits, 1)
+    assert int(experts[0, 0]) == 0 and float(gates[0, 0]) == float(probs[0, 0]) < 1
+    _, _, two, _ = moe.route(jnp.eye(3), logits, 2)
+    assert float(two.sum()) == pytest.approx(1.0)
+
+
 def test_a_uniform_router_scores_the_closed_forms():
     """Zero router logits: every probability 1/E, so Switch's aux = E sum_i f_i / E = 1
     whatever the choices, and the z-loss is log(E)^2; nothing is dropped when dropless."""
@@ -133,13 +143,14 @@ MIXTRAL_JSON = {  # Mistral's config.json for Mixtral 8x7B v0.1, as its reposito
 
 def test_a_mixtral_config_json_is_the_preset(tmp_path):
     """Read offline: the preset's shape (its context is the file's 32,768), the published
-    count, and Mixtral's router: aux weight 0.02, no z-loss."""
+    count, and Mixtral's router: coefficient 0.02 over all layers at once = 0.02 x 2 / 32 a
+    layer here (hf_config), no z-loss."""
     import json
     path = tmp_path / "config.json"
     path.write_text(json.dumps(MIXTRAL_JSON))
     cfg = model_config.preset(str(path))
-    assert cfg == dataclasses.replace(model_config.preset("mixtral-8x7b"), seq_len=32768,
-                                      router_aux_weight=0.02, router_z_weight=0.0)
+    assert cfg == dataclasses.replace(model_config.preset("mixtral-8x7b"), seq_len=32768)
+    assert (cfg.router_aux_weight, cfg.router_z_weight) == (0.02 * 2 / 32, 0.0)
     assert model_config.param_count(cfg) == MIXTRAL["total"]
     path.write_text(json.dumps({**MIXTRAL_JSON, "sliding_window": 4096}))
     with pytest.raises(ModelConfigError, match="sliding_window 4096 is not computed by jaxscale"):

@@ -63,6 +63,14 @@ def test_the_router_learns_per_micro_batch_as_one_device_does():
     assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
 
 
+def test_an_elastic_restart_counts_the_rows_ep_splits():
+    """A run saved under dp=2 x ep=2 held 32 / 4 = 8 rows a micro-batch: restarted on dp=2
+    alone, 2 micro-batches keep it at 8 (not the 1 that dp=2 alone would suggest)."""
+    from jaxscale.parallel.plan import elastic_micro_batches
+    assert elastic_micro_batches(Plan(dp=2, ep=2), Plan(dp=2), 32) == 2
+    assert elastic_micro_batches(Plan(dp=2), Plan(dp=2, ep=2), 32) == 1
+
+
 def _capacity_run(plan: Plan, factor: float):
     cfg, params, batch = setup("tiny-moe")
     cfg = dataclasses.replace(cfg, capacity_factor=factor)

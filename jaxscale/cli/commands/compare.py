@@ -137,10 +137,11 @@ def _checked_plans(args, cfg, on_cpu: bool) -> dict:
     plans = check_strategies(names, args.devices, cfg, layouts, args.precision,
                              compare_judging.fp8_options(args))
     for name, plan in plans.items():
-        if args.batch_size % (plan.dp * plan.micro_batches):
-            need = max(p.dp * p.micro_batches for p in plans.values())
+        if args.batch_size % (plan.rows * plan.micro_batches):
+            need = max(p.rows * p.micro_batches for p in plans.values())
+            split = "(dp x ep)" if plan.ep > 1 else "dp"
             raise CompareError(f"strategy {name!r}: batch of {args.batch_size} documents is not "
-                               f"divisible by dp x micro_batches = {plan.dp} x "
+                               f"divisible by {split} x micro_batches = {plan.rows} x "
                                f"{plan.micro_batches}; try --batch-size {need}")
     from jaxscale.parallel.hybrid import kv_heads_note
     for name, plan in plans.items():

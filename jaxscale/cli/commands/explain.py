@@ -79,9 +79,10 @@ def _checked(args):
     checked = check_strategies([], args.devices, cfg, tuple(args.strategy))
     plans = [checked[s] for s in args.strategy]
     for s, plan in zip(args.strategy, plans):
-        if args.batch_size % (plan.dp * plan.micro_batches):
-            raise CompareError(f"--batch-size {args.batch_size} is not divisible by dp x "
-                               f"micro_batches = {plan.dp * plan.micro_batches} of {s}")
+        if args.batch_size % (plan.rows * plan.micro_batches):
+            raise CompareError(f"--batch-size {args.batch_size} is not divisible by "
+                               f"{'(dp x ep)' if plan.ep > 1 else 'dp'} x micro_batches = "
+                               f"{plan.rows * plan.micro_batches} of {s}")
     if target is not None:
         check_target_sizes(dict(zip(args.strategy, plans)), target, args.strategy, cfg)
     return cfg, plans, target

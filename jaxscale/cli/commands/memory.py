@@ -78,7 +78,8 @@ def compute(args) -> dict:
 
         def key(recompute: str, flash: bool) -> str:
             return names[recompute] + ("_flash" if flash else "")
-        total = {key(rc, fa): A.activation_memory(t, b, recompute=rc, flash_attention=fa)["total"]
+        total = {key(rc, fa): A.activation_memory(t.active(), b, recompute=rc,  # (MoE: top_k)
+                                                  flash_attention=fa)["total"]
                  for rc in names for fa in (False, True)}
         variant = key(args.recompute, args.flash_attention)
         acts_used = total[variant] + logits

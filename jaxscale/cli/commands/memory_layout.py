@@ -97,7 +97,8 @@ def compute(args, shape, params: float) -> dict:
             raise cm.CostModelError(f"--cp {cp} does not divide the sequence length {shape.seq}")
         kw = dict(micro_batch=args.batch, flash_attention=args.flash_attention,
                   dropout=not args.no_dropout)  # the paper's per-layer figures: no cp
-        one = lambda **o: A.per_layer(shape, tp=o.pop("tp", tp), **kw, **o)["total"]  # noqa: E731
+        active = shape.active()  # a mixture of experts' activations: its top_k experts'
+        one = lambda **o: A.per_layer(active, tp=o.pop("tp", tp), **kw, **o)["total"]  # noqa: E731
         out["korthikanti"] = {  # the paper's Table 2 rows, per layer, at this tp
             "eq1_no_parallelism": one(tp=1),
             "eq2_tensor_parallel": one(),
@@ -107,7 +108,7 @@ def compute(args, shape, params: float) -> dict:
                                           if tp > 1 else None),
             "full_recompute": one(recompute="full"),
         }
-        acts = A.activation_memory(shape, args.batch, tp, args.sequence_parallel, cp, pp, m,
+        acts = A.activation_memory(active, args.batch, tp, args.sequence_parallel, cp, pp, m,
                                    schedule, args.virtual, recompute, args.flash_attention,
                                    not args.no_dropout)
         out["activations"] = acts

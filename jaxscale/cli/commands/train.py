@@ -202,7 +202,7 @@ def _elastic(cfg, directory):
     m = elastic_micro_batches(saved, cfg.plan(validate=False), cfg.batch_size)
     if m != cfg.micro_batches:
         print(f"jaxscale: note: {m} micro-batches per step keep the global batch of "
-              f"{cfg.batch_size} at {cfg.batch_size // (saved.dp * saved.micro_batches)} rows "
+              f"{cfg.batch_size} at {cfg.batch_size // (saved.rows * saved.micro_batches)} rows "
               f"per micro-batch or fewer, as the checkpoint's plan {saved.layout()}",
               file=sys.stderr)
         cfg = dataclasses.replace(cfg, micro_batches=m)
