@@ -93,7 +93,8 @@ def _chunk_choices(layers: int, pp: int, v: int) -> str:
 
 def check_experts(cfg: ModelConfig, plan) -> None:
     """Refuse expert parallelism without experts, an ep that does not divide them, and the
-    layouts a mixture of experts does not run under yet."""
+    layouts a mixture of experts does not run under yet (tp against each expert's width:
+    `check_divisible`)."""
     e = cfg.n_experts
     if not e:
         if plan.ep > 1:
@@ -103,8 +104,6 @@ def check_experts(cfg: ModelConfig, plan) -> None:
     if e % plan.ep:
         raise PlanError(f"ep={plan.ep} must divide the {e} experts; choose ep from "
                         f"{[k for k in range(1, e + 1) if e % k == 0]}")
-    if cfg.expert_d_ff % plan.tp:
-        raise PlanError(f"tp={plan.tp} must divide each expert's width ({cfg.expert_d_ff})")
     later = [what for what, on in (
         (f"pp={plan.pp}", plan.pp > 1), ("ZeRO-3", plan.zero_stage == 3),
         (f"precision {plan.precision}", plan.family(cfg).matmul != "native")) if on]
@@ -228,8 +227,8 @@ def sequence_grad_fn(model_cfg, plan, layout, specs):
         logits, stats = modellib.forward_with_stats(
             prm, mb["tokens"], plan.remat, tp_axis=tp_axis, attention=plan.attention,
             unroll=plan.unroll, seq=sequence(mb), family=plan.family(model_cfg))
-        return (*logits_nll_and_count(logits, mb), stats) if stats else (
-            logits_nll_and_count(logits, mb))
+        out = logits_nll_and_count(logits, mb)
+        return (*out, stats) if stats else out
 
     # The devices that split the sequence (or, with ep, the rows) hold different tokens,
     # so each parameter's gradient has a share on each: summed over cp and ep, and over
