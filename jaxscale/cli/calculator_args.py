@@ -49,7 +49,9 @@ def preset_summary(name: str) -> str:
     c, n = PRESETS[name], param_count(PRESETS[name])
     count = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n:,}"
     family = (f", {c.kv_heads} kv heads" if c.kv_heads != c.n_heads else "") + (
-        ", Llama blocks" if c.family.position == "rope" else "")
+        ", Llama blocks" if c.family.position == "rope" else "") + (
+        f", {c.n_experts} experts top-{c.top_k}" if c.n_experts else "") + (
+        f" in 1 of every {c.moe_every} blocks" if c.moe_every > 1 else "")
     return (f"{name} ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} heads{family}, "
             f"d_ff {c.d_ff}, vocab {c.vocab_size}, seq {c.seq_len}; {count} parameters)")
 
@@ -103,6 +105,8 @@ def model_shape(args, seq_default: int, require: tuple[str, ...] = ("layers", "h
             shape["tied"] = False
         if cfg.n_experts:  # each expert's width as the MLP's
             shape.update(experts=cfg.n_experts, top_k=cfg.top_k, ffn=cfg.expert_d_ff)
+            if cfg.moe_every > 1:  # interleaved: the dense blocks' own width
+                shape.update(moe_every=cfg.moe_every, dense_ffn=cfg.d_ff)
     given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "kv_heads",
                                            "vocab", "seq") if getattr(args, k) is not None}
     if args.swiglu:
@@ -147,7 +151,8 @@ def transformer(shape: dict):
                        ffn=shape["ffn"], kv_heads=shape.get("kv_heads"),
                        vocab=shape["vocab"] or 0, swiglu=shape.get("swiglu", False),
                        tied=shape.get("tied", True), experts=shape.get("experts", 0),
-                       top_k=shape.get("top_k", 1))
+                       top_k=shape.get("top_k", 1), moe_every=shape.get("moe_every", 1),
+                       dense_ffn=shape.get("dense_ffn"))
 
 
 def resolve_params(args, shape: dict | None) -> tuple[float, str]:

@@ -32,10 +32,10 @@ import optax
 from jaxscale.compare.child import WorkerError
 from jaxscale.compare.run import run_all
 from jaxscale.compare.strategies import CONTROL
+from jaxscale.model import stack
 from jaxscale.parallel.build import build_train_step
 from jaxscale.parallel.plan import Plan
 
-SILENT = ("wo", "bo", "w2", "b2")  # zeroed, they make a pre-norm block the identity
 TOP = 5  # tensors listed
 FP32_EPS = 2.0 ** -23
 
@@ -142,7 +142,8 @@ def _tensors(layout: dict, single: dict) -> list[dict]:
 def _layers(plan, cfg, params, batch, devices, tolerance, reference: Plan = Plan()
             ) -> tuple[list[dict], str]:
     """Each cut tried (blocks kept, relative loss difference) and the sentence it leads to."""
-    unit = plan.pp * plan.virtual  # a pipeline's cut keeps whole stages
+    # a pipeline's cut keeps whole stages; interleaved experts, whole groups of blocks
+    unit = plan.pp * plan.virtual * cfg.moe_every
     tried = []
 
     def differs(blocks: int, silent: bool = False) -> bool:
@@ -162,15 +163,16 @@ def _layers(plan, cfg, params, batch, devices, tolerance, reference: Plan = Plan
         lo, hi = (lo, mid) if differs(mid * unit) else (mid, hi)
     first = lo * unit
     return tried, (f"in block {first}" if unit == 1 else
-                   f"in blocks {first}-{first + unit - 1} (one pipeline unit)")
+                   f"in blocks {first}-{first + unit - 1} (one "
+                   f"{'pipeline unit' if plan.pp > 1 else 'group of dense and expert blocks'})")
 
 
 def _loss(plan, cfg, params, batch, devices, blocks: int, silent: bool) -> float:
     """The loss of one step of `plan` on a model of the first `blocks` blocks (silent:
     their output projections zeroed, each block the identity)."""
-    cut = jax.tree.map(lambda x: x[:blocks], params["blocks"])
+    cut = stack.first(params["blocks"], blocks)
     if silent:
-        cut.update({k: np.zeros_like(cut[k]) for k in SILENT if k in cut})
+        cut = stack.silent(cut, lambda v: jax.tree.map(np.zeros_like, v))
     init, step = build_train_step(dataclasses.replace(cfg, n_layers=blocks), plan,
                                   optax.sgd(0.0), devices[:plan.n_devices])
     _, metrics = step(init({**params, "blocks": cut}), batch)

@@ -26,30 +26,27 @@ def params_per_device(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, fl
     MLP width, pp the layers; embeddings, norms and output biases are replicated, and so
     are grouped-query attention's K and V where tp does not divide their heads).
     "kv_replicated": those K and V parameters (and biases) of the layers here, if any."""
-    d, f, L, tp = cfg.d_model, cfg.d_ff, cfg.n_layers, plan.tp
+    d, L, tp, here = cfg.d_model, cfg.n_layers, plan.tp, 1 / plan.pp  # (pp: its layers)
     b, n_mlp = int(cfg.bias), (3 if cfg.mlp == "swiglu" else 2)
-    experts = 0.0  # a mixture of experts: its experts on this device, split over ep and tp
-    if cfg.n_experts:  # the router whole; no biases in the experts
-        e, fe = cfg.n_experts, cfg.expert_d_ff
-        experts = L / plan.pp * n_mlp * d * fe * e / plan.ep / tp
-        f, b_mlp = fe * cfg.n_shared_experts, 0  # the shared experts: tp splits them
-    else:
-        b_mlp = b
+    # a mixture of experts' layers: the experts here, split over ep and tp; the shared
+    # experts (an MLP without biases, split by tp) and the router (whole)
+    fe, moe = cfg.expert_d_ff, cfg.moe_layers * here
+    experts = moe * n_mlp * d * fe * cfg.n_experts / plan.ep / tp
+    mlp_split = (cfg.dense_layers * here * (n_mlp * d * cfg.d_ff + b * (n_mlp - 1) * cfg.d_ff)
+                 + moe * n_mlp * d * fe * cfg.n_shared_experts)  # W1 (W3), W2, b1 (b3)
+    mlp_whole = cfg.dense_layers * here * b * d + moe * d * cfg.n_experts  # b2; the router
     norm = d * (1 + (cfg.norm == "layernorm" and cfg.bias))  # a scale (+ a bias)
     kv = 2 * d * cfg.kv_heads * cfg.head_dim + b * 2 * cfg.kv_heads * cfg.head_dim
     kv_split = splits_kv_heads(cfg.kv_heads, tp)
-    # Q, O, bq; W1 (and W3), W2, b1 (and b3); K, V and their biases when tp splits them
-    split = (2 * d * d + b * d + n_mlp * d * f + b_mlp * (n_mlp - 1) * f
-             + (kv if kv_split else 0))
-    replicated = (b * d + b_mlp * d + 2 * norm + (0 if kv_split else kv)  # bo, b2, norms
-                  + (d * cfg.n_experts if cfg.n_experts else 0))  # the router
+    # Q, O, bq; K, V and their biases when tp splits them; bo, the norms
+    split = L * here * (2 * d * d + b * d + (kv if kv_split else 0)) + mlp_split
+    replicated = L * here * (b * d + 2 * norm + (0 if kv_split else kv)) + mlp_whole
     top = (cfg.vocab_size * d * (1 if cfg.tied_head else 2) + norm
            + (cfg.seq_len * d if cfg.position == "learned" else 0))
-    total = top + L / plan.pp * (split / tp + replicated) + experts
-    return {"top": top, "blocks": L / plan.pp * (split / tp + replicated) + experts,
-            "split": L / plan.pp * split / tp + experts,  # what tp splits
-            "kv_replicated": 0 if kv_split else L / plan.pp * kv,
-            "experts": experts, "total": total}
+    blocks = split / tp + replicated + experts
+    return {"top": top, "blocks": blocks, "split": split / tp + experts,  # what tp splits
+            "kv_replicated": 0 if kv_split else L * here * kv,
+            "experts": experts, "total": top + blocks}
 
 
 def predictable(plan: Plan, cfg: model_config.ModelConfig | None = None) -> bool:
@@ -143,7 +140,7 @@ def _experts(cfg, plan: Plan, tokens: int, unsplit: float, add) -> None:
     backward, four all-to-alls of E x C x d over ep; the router's load per expert summed
     over the devices that split the tokens (E floats); and, once per step, the
     gradients of what ep does not split (everything but the experts) summed over ep."""
-    e, times = cfg.n_experts, cfg.n_layers * plan.micro_batches
+    e, times = cfg.n_experts, cfg.moe_layers * plan.micro_batches
     places = moe.capacity(tokens, e, cfg.family)
     if plan.ep > 1:
         add("all-to-all", 4 * times * (plan.ep - 1) / plan.ep * e * places * cfg.d_model * 4,

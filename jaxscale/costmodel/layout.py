@@ -122,10 +122,12 @@ def _states(shape: Transformer, lay: Layout, budget: str, offload: str) -> dict:
     mixture of experts, its experts' (split over ep x tp x pp, ZeRO over dp x cp) plus the
     rest's (split over tp x pp, ZeRO over dp x cp x ep)."""
     experts = shape.expert_params()
-    per_layer = experts / shape.layers  # one layer's experts
+    per_layer = experts / max(shape.moe_layers, 1)  # one layer's experts
+    largest = max(shape.layer_params() - per_layer,  # the rest of a block with experts,
+                  shape.dense_layer_params() if shape.moe_layers < shape.layers else 0)  # a dense one
     rest = S.state_memory(shape.params() - experts, lay.dp * lay.cp * lay.ep, lay.zero, budget,
                           offload, model_parallel=lay.tp * lay.pp,
-                          largest_layer=(shape.layer_params() - per_layer) / lay.tp)
+                          largest_layer=largest / lay.tp)
     if not experts:
         return rest
     mine = S.state_memory(experts, lay.dp * lay.cp, lay.zero, budget, offload,

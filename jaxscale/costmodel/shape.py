@@ -11,7 +11,8 @@ that change the counts of today's open models:
   kv_heads  grouped-query attention: k and v have kv_heads x head_dim columns instead of h.
   experts   a mixture of experts (top_k of them per token, each an MLP of width f, and a
             router h x experts): the parameters count every expert, the FLOPs and the
-            activations only the top_k a token uses (`active`).
+            activations only the top_k a token uses (`active`). moe_every n > 1: every
+            n-th block holds the experts, the others a dense MLP of width dense_ffn.
 
 Parameters: L (2h^2 + 2 h h_kv + n_mlp h f) + V h (2 V h untied), n_mlp = 2 (3 with
 SwiGLU), h_kv = kv_heads x h / heads; with E experts the MLP term is E n_mlp h f + h E;
@@ -39,6 +40,8 @@ class Transformer:
     tied: bool = True  # the output head shares the embedding (False: Llama, another V x h)
     experts: int = 0  # a mixture of experts' routed experts (0: a dense MLP)
     top_k: int = 1  # experts per token
+    moe_every: int = 1  # every n-th block holds the experts (1: all of them)
+    dense_ffn: int | None = None  # the dense blocks' MLP width when interleaved (None: ffn)
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq"):
@@ -53,6 +56,8 @@ class Transformer:
             raise ShapeError(f"kv_heads {kv} must divide heads {self.heads}")
         if self.experts < 0 or (self.experts and not 1 <= self.top_k <= self.experts):
             raise ShapeError(f"top_k {self.top_k} must be 1 to experts {self.experts}")
+        if self.moe_every < 1 or self.layers % self.moe_every:
+            raise ShapeError(f"moe_every {self.moe_every} must divide layers {self.layers}")
 
     @property
     def f(self) -> int:
@@ -71,28 +76,50 @@ class Transformer:
     def mlp_matrices(self) -> int:
         return 3 if self.swiglu else 2
 
+    @property
+    def moe_layers(self) -> int:
+        return self.layers // self.moe_every if self.experts else 0
+
     def layer_params(self, active: bool = False) -> int:
-        """Matmul weights of one block: Wq, Wo (h x h), Wk, Wv (h x h_kv), the MLP's (with
-        experts: every expert's, or the top_k a token uses when `active`, and the router)."""
+        """Matmul weights of one block (with experts, a block that holds them): Wq, Wo (h x
+        h), Wk, Wv (h x h_kv), the MLP's (with experts: every expert's, or the top_k a
+        token uses when `active`, and the router)."""
         h = self.hidden
         mlps = (self.top_k if active else self.experts) if self.experts else 1
         router = h * self.experts
         return 2 * h * h + 2 * h * self.kv_hidden + mlps * self.mlp_matrices * h * self.f + router
 
+    def dense_layer_params(self) -> int:
+        """Matmul weights of a block with the dense MLP (interleaved with experts)."""
+        h, f = self.hidden, self.dense_ffn or self.f
+        return 2 * h * h + 2 * h * self.kv_hidden + self.mlp_matrices * h * f
+
+    def blocks_params(self, active: bool = False) -> int:
+        """Matmul weights of all the blocks."""
+        if not self.experts:
+            return self.layers * self.layer_params()
+        return (self.moe_layers * self.layer_params(active)
+                + (self.layers - self.moe_layers) * self.dense_layer_params())
+
     def expert_params(self) -> int:
         """The routed experts' weights, all layers (what expert parallelism splits)."""
-        return self.layers * self.experts * self.mlp_matrices * self.hidden * self.f
+        return self.moe_layers * self.experts * self.mlp_matrices * self.hidden * self.f
 
     def params(self, active: bool = False) -> int:
         embeddings = (1 if self.tied else 2) * self.vocab * self.hidden
-        return self.layers * self.layer_params(active) + embeddings
+        return self.blocks_params(active) + embeddings
 
     def active(self) -> "Transformer":
         """The dense model a token sees: top_k experts as one MLP of width top_k x f (the
-        activations and FLOPs of a mixture of experts, its router's left out)."""
+        activations and FLOPs of a mixture of experts, its router's left out); interleaved,
+        the blocks' mean MLP width (activations are linear in it: the sum over the blocks
+        is exact, one block's figure an average)."""
         if not self.experts:
             return self
-        return replace(self, ffn=self.top_k * self.f, experts=0, top_k=1)
+        n = self.moe_layers
+        ffn = (n * self.top_k * self.f + (self.layers - n) * (self.dense_ffn or self.f)) / self.layers
+        return replace(self, ffn=int(ffn) if ffn == int(ffn) else ffn, experts=0, top_k=1,
+                       moe_every=1, dense_ffn=None)
 
     def with_seq(self, seq: int) -> Transformer:
         return replace(self, seq=seq)

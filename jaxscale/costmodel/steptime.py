@@ -59,10 +59,10 @@ ACT_BYTES = 2  # 16-bit activations on the wire
 def flops_per_token(shape: Transformer, recompute: str = "none") -> dict[str, float]:
     """Model, recompute and hardware FLOPs per trained token (module docstring)."""
     L, s, h = shape.layers, shape.seq, shape.hidden
-    layer = shape.layer_params(active=True)  # a mixture of experts: the top_k a token uses
-    matmul = L * layer + shape.vocab * h  # the input embedding is a lookup
+    blocks = shape.blocks_params(active=True)  # a mixture of experts: the top_k a token uses
+    matmul = blocks + shape.vocab * h  # the input embedding is a lookup
     model = 6 * matmul + 12 * L * s * h
-    extra = {"none": 0, "selective": 4 * L * s * h, "full": 2 * L * layer + 4 * L * s * h}
+    extra = {"none": 0, "selective": 4 * L * s * h, "full": 2 * blocks + 4 * L * s * h}
     if recompute not in extra:
         raise ShapeError(f"unknown recompute {recompute!r}; choose from {', '.join(extra)}")
     return {"model": model, "recompute": extra[recompute], "hardware": model + extra[recompute]}
@@ -108,7 +108,7 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
     act = local * shape.hidden * ACT_BYTES
     per_layer = 6 if lay.recompute == "full" else 4
     tp = coll("all_reduce", act, "tp", layers_here * m * per_layer)
-    ep = (coll("all_to_all", shape.top_k * act, "ep", layers_here * m * 4)
+    ep = (coll("all_to_all", shape.top_k * act, "ep", shape.moe_layers // lay.pp * m * 4)
           if lay.ep > 1 else 0.0)
 
     kv = 2 * local * shape.kv_hidden * ACT_BYTES  # k and v of this device's tokens

@@ -4,8 +4,8 @@ Plain data: building the model from a config is `model.transformer`'s job. One m
 families: GPT-2's blocks (LayerNorm with biases, GELU MLP, learned positions, the output
 head tied to the embedding), the garden presets' default, and Llama's (RMSNorm, SwiGLU MLP,
 rotary positions, grouped-query attention, an untied head, no biases). Each difference is
-its own field, so any mix is a model too. A mixture of experts (`n_experts` > 0) puts a
-routed layer of experts in every block's MLP place (jaxscale.model.moe).
+its own field, so any mix is a model too. A mixture of experts (`n_experts` > 0) puts
+routed experts in the MLP's place of every block, or every `moe_every`-th (model.moe).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from jaxscale import garden
 from jaxscale.model import hf_config
+from jaxscale.model.family import GPT2, Family  # noqa: F401 (the model's own names)
 
 
 class ModelConfigError(ValueError):
@@ -48,7 +49,10 @@ class ModelConfig:
     # mixture of experts (0 experts: the dense MLP): each token's top_k of n_experts MLPs
     # of width moe_d_ff (0: d_ff), plus n_shared_experts that every token uses; each expert
     # takes at most capacity_factor x its fair share of a device's tokens (None: dropless),
-    # and the router learns under Switch's load-balancing loss and ST-MoE's z-loss
+    # and the router learns under Switch's load-balancing loss and ST-MoE's z-loss.
+    # moe_every n > 1 interleaves: blocks n, 2n, ... (1-based) hold the experts, the
+    # others the dense MLP of width d_ff (Switch and GShard: every other layer; Llama 4's
+    # interleave_moe_layer_step)
     n_experts: int = 0
     top_k: int = 2
     moe_d_ff: int = 0
@@ -56,6 +60,7 @@ class ModelConfig:
     capacity_factor: float | None = None
     router_aux_weight: float = 0.01
     router_z_weight: float = 0.001
+    moe_every: int = 1
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff",
@@ -97,6 +102,11 @@ class ModelConfig:
         if not 1 <= k <= e:
             raise ModelConfigError(f"top_k={k} experts per token out of n_experts={e}; "
                                    f"choose top_k from 1 to {e}")
+        n, L = self.moe_every, self.n_layers
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1 or L % n:
+            raise ModelConfigError(f"moe_every={n} must divide n_layers={L} (every n-th block "
+                                   f"holds the experts); choose from "
+                                   f"{[m for m in range(1, L + 1) if L % m == 0]}")
         if cf is not None and (not isinstance(cf, (int, float)) or isinstance(cf, bool)
                                or not cf > 0):
             raise ModelConfigError(f"capacity_factor must be > 0 (1.0: each expert takes its "
@@ -108,6 +118,14 @@ class ModelConfig:
         return self.moe_d_ff or self.d_ff
 
     @property
+    def moe_layers(self) -> int:  # blocks that hold the experts (0: a dense model)
+        return self.n_layers // self.moe_every if self.n_experts else 0
+
+    @property
+    def dense_layers(self) -> int:  # blocks with the dense MLP
+        return self.n_layers - self.moe_layers
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
@@ -117,7 +135,7 @@ class ModelConfig:
         return self.n_kv_heads or self.n_heads
 
     @property
-    def family(self) -> "Family":
+    def family(self) -> Family:
         """How a block computes beyond its shapes (what the pure functions of
         jaxscale.model.block take)."""
         return Family(self.norm, self.mlp, self.position, self.rope_theta, self.rope_scaling,
@@ -126,43 +144,9 @@ class ModelConfig:
                       router_weights=(self.router_aux_weight, self.router_z_weight))
 
 
-@dataclass(frozen=True)
-class Family:
-    """The static choices of a block's computation: hashable, so part of the compiled
-    program as remat and the attention kernel are. `kv_heads`: the model's k and v heads,
-    all devices together (0: as many as the query heads); tensor parallelism needs it to
-    know whether it splits them (jaxscale.model.block.attention). `matmul`: how the block's
-    projections multiply, set by the precision policy, not the model (with `fp8_block`, the
-    tile of fp8-block, and `fp8_head`, whether the output head takes the recipe too)."""
-
-    norm: str = "layernorm"
-    mlp: str = "gelu"
-    position: str = "learned"
-    rope_theta: float = 10_000.0
-    rope_scaling: tuple = ()
-    norm_eps: float = 1e-5
-    kv_heads: int = 0
-    matmul: str = "native"  # or "fp8", "fp8-delayed", "fp8-block": the policy's (model.fp8)
-    fp8_block: int = 128  # fp8-block's tile length (model.fp8.BLOCK, DeepSeek-V3's 128)
-    fp8_head: bool = False  # the output head multiplies under the recipe too
-    # mixture of experts (jaxscale.model.moe): the router's choices and loss weights (aux,
-    # z), and where the tokens live: `token_axes` the mesh axes that split them,
-    # `copy_axes` and `shared_axes` those that hold the same ones (tp; shared: under
-    # sequence parallelism, where the loss is a sum over tp), `ep_axis` the experts' axis
-    top_k: int = 2
-    capacity_factor: float | None = None
-    router_weights: tuple = (0.01, 0.001)
-    token_axes: tuple = ()
-    copy_axes: tuple = ()
-    shared_axes: tuple = ()
-    ep_axis: str | None = None
-
-
-GPT2 = Family()  # the garden presets': LayerNorm, GELU, learned positions, multi-head
-
-
-MOE_OPTIONS = ("top_k", "moe_d_ff", "n_shared_experts", "capacity_factor")
-MOE_DEFAULTS = {"top_k": 2, "moe_d_ff": 0, "n_shared_experts": 0, "capacity_factor": None}
+MOE_OPTIONS = ("top_k", "moe_d_ff", "n_shared_experts", "capacity_factor", "moe_every")
+MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                if f.name in MOE_OPTIONS}
 CHOICES = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"),
            "position": ("learned", "rope")}
 
@@ -207,18 +191,21 @@ PRESETS: dict[str, ModelConfig] = {
                           **LLAMA),
     "small-llama": _garden(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=704,
                            **LLAMA),
-    # published shapes (Meta's config.json files): sized for accelerators, built abstractly
-    # on CPU. Llama 3's 405B is Llama 3.1's (its seq_len here: the 8,192 of pre-training)
+    # published shapes (Meta's config.json files), built abstractly on CPU. Llama 3's
+    # 405B is Llama 3.1's (its seq_len here: the 8,192 of pre-training)
     "llama2-7b": _llama(32000, 4096, 4096, 32, 32, 32, 11008, 1e4),
     "llama2-70b": _llama(32000, 4096, 8192, 80, 64, 8, 28672, 1e4),
     "llama3-8b": _llama(128256, 8192, 4096, 32, 32, 8, 14336, 5e5),
     "llama3-70b": _llama(128256, 8192, 8192, 80, 64, 8, 28672, 5e5),
     "llama3-405b": _llama(128256, 8192, 16384, 126, 128, 8, 53248, 5e5),
-    # mixtures of experts: tiny-llama's attention with 8 SwiGLU experts of width 64, top-2
-    # (trains here); Mixtral 8x7B's published shape and router loss (Mistral's config.json:
-    # router_aux_loss_coef 0.02, jaxscale's 0.02 x 2 / 32 per layer, hf_config; no z-loss)
+    # mixtures of experts: tiny-llama's attention, 8 SwiGLU experts of width 64, top-2;
+    # tiny-switch: 4 blocks, experts (top-1, Switch's) in every second (both train here);
+    # Mixtral 8x7B's shape and router loss (config.json's router_aux_loss_coef 0.02 is
+    # jaxscale's 0.02 x 2 / 32 per layer, hf_config; no z-loss)
     "tiny-moe": _garden(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
                         n_experts=8, top_k=2, **LLAMA),
+    "tiny-switch": _garden(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=64,
+                           n_experts=8, top_k=1, moe_every=2, **LLAMA),
     "mixtral-8x7b": dataclasses.replace(_llama(32000, 4096, 4096, 32, 32, 8, 14336, 1e6),
                                         n_experts=8, top_k=2, router_aux_weight=0.02 * 2 / 32,
                                         router_z_weight=0.0),
@@ -226,7 +213,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 # the ones small enough to train on a laptop's CPU
-CPU_PRESETS = ("tiny", "tiny8", "small", "long", "tiny-llama", "small-llama", "tiny-moe")
+CPU_PRESETS = ("tiny", "tiny8", "small", "long", "tiny-llama", "small-llama", "tiny-moe",
+               "tiny-switch")
 
 
 def is_file(name: str) -> bool:
@@ -271,12 +259,12 @@ def param_count(cfg: ModelConfig, active: bool = False) -> int:
     attention = 2 * d * d + 2 * d * kv + b * (2 * d + 2 * kv)  # Wq, Wo, Wk, Wv (+ biases)
 
     def mlp(f, bias=b):  # one MLP of hidden width f
-        return (3 if cfg.mlp == "swiglu" else 2) * d * f + bias * (f + d)
-    if cfg.n_experts:  # the router, the routed experts, the shared ones (no biases)
-        used = cfg.top_k if active else cfg.n_experts
-        ffn = d * cfg.n_experts + mlp(cfg.expert_d_ff * (used + cfg.n_shared_experts), 0)
-    else:
-        ffn = mlp(cfg.d_ff)
+        n = 3 if cfg.mlp == "swiglu" else 2  # (SwiGLU: b1 and b3, f each)
+        return n * d * f + bias * ((n - 1) * f + d)
+    used = cfg.top_k if active else cfg.n_experts
+    # the router, the routed experts, the shared ones (no biases); 0 layers if dense
+    experts = d * cfg.n_experts + mlp(cfg.expert_d_ff * (used + cfg.n_shared_experts), 0)
+    ffn = cfg.moe_layers * experts + cfg.dense_layers * mlp(cfg.d_ff)
     norm = d * (1 + (cfg.norm == "layernorm" and cfg.bias))  # a scale (+ a bias)
     embeddings = v * d * (1 if cfg.tied_head else 2) + (t * d if cfg.position == "learned" else 0)
-    return embeddings + cfg.n_layers * (attention + ffn + 2 * norm) + norm
+    return embeddings + cfg.n_layers * (attention + 2 * norm) + ffn + norm

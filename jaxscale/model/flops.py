@@ -65,11 +65,9 @@ def block_matmul_params(cfg: ModelConfig) -> int:
     the MLP's (or its top_k experts', the router and the shared experts')."""
     d, n = cfg.d_model, (3 if cfg.mlp == "swiglu" else 2)
     attention = 2 * d * d + 2 * d * cfg.kv_heads * cfg.head_dim
-    if cfg.n_experts:
-        mlp = d * cfg.n_experts + (cfg.top_k + cfg.n_shared_experts) * n * d * cfg.expert_d_ff
-    else:
-        mlp = n * d * cfg.d_ff
-    return cfg.n_layers * (attention + mlp)
+    experts = d * cfg.n_experts + (cfg.top_k + cfg.n_shared_experts) * n * d * cfg.expert_d_ff
+    return (cfg.n_layers * attention + cfg.moe_layers * experts
+            + cfg.dense_layers * n * d * cfg.d_ff)
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> FlopCount:
@@ -116,20 +114,19 @@ def hand_count(cfg: ModelConfig, batch: int, seq: int) -> int:
         + 2 * b * h * t * s * k  # scores = bqhk,bshk->bhqs (k, v repeated per group)
         + 2 * b * h * t * s * k  # out = bhqs,bshk->bqhk
         + 2 * b * t * h * k * d  # bthk,hkd->btd (Wo)
-        + _mlp_count(cfg, b * t)
     )
     head = 2 * b * t * d * v  # logits = btd,vd->btv
-    return cfg.n_layers * one_layer + head
+    return cfg.n_layers * one_layer + _mlp_count(cfg, b * t) + head
 
 
 def _mlp_count(cfg: ModelConfig, tokens: int) -> int:
-    """The MLP's forward FLOPs for `tokens`: x @ W1 (and W3) [d, f], h @ W2 [f, d]; a
-    mixture of experts: the router [d, E], each token's top_k experts and the shared."""
+    """The MLPs' forward FLOPs for `tokens`, over the layers: x @ W1 (and W3) [d, f], h @
+    W2 [f, d]; a mixture of experts' layers: the router [d, E], each token's top_k experts
+    and the shared."""
     d, n = cfg.d_model, (3 if cfg.mlp == "swiglu" else 2)
-    if not cfg.n_experts:
-        return n * 2 * tokens * d * cfg.d_ff
     routed = (cfg.top_k + cfg.n_shared_experts) * n * 2 * tokens * d * cfg.expert_d_ff
-    return 2 * tokens * d * cfg.n_experts + routed
+    return (cfg.dense_layers * n * 2 * tokens * d * cfg.d_ff
+            + cfg.moe_layers * (2 * tokens * d * cfg.n_experts + routed))
 
 
 def xla_flops(compiled) -> float | None:

@@ -60,13 +60,14 @@ GLOBAL = ("dropped", "load_max")
 
 
 class Experts(nnx.Module):
-    """One MoE layer's parameters per layer (leading `layers` axis): the router [d, E],
-    the routed experts' MLPs [E, d, f] and [E, f, d] (SwiGLU: and its value matrix), and
-    the shared experts as one MLP of width n_shared x f."""
+    """The MoE layers' parameters (leading `layers` axis: one entry per block that holds
+    experts, cfg.moe_layers): the router [d, E], the routed experts' MLPs [E, d, f] and
+    [E, f, d] (SwiGLU: and its value matrix), and the shared experts as one MLP of width
+    n_shared x f."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        L, d, e, f = cfg.n_layers, cfg.d_model, cfg.n_experts, cfg.expert_d_ff
-        std, residual = cfg.init_std, cfg.init_std / math.sqrt(2 * L)
+        L, d, e, f = cfg.moe_layers, cfg.d_model, cfg.n_experts, cfg.expert_d_ff
+        std, residual = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
 
         def param(shape, axes, scale=std):
             return nnx.Param(scale * jax.random.normal(rngs.params(), shape), axes=axes)

@@ -34,7 +34,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale import garden
-from jaxscale.model import attention as attentionlib, fp8, fp8_history, moe
+from jaxscale.model import attention as attentionlib, fp8, fp8_history, moe, stack
 from jaxscale.model.block import (COLLECTIVE, attention, block, block_with_stats,  # noqa: F401
                                   layer_norm, mlp, norm, rms_norm, tp_operators)
 from jaxscale.model.config import GPT2, Family, ModelConfig, ModelConfigError
@@ -140,6 +140,7 @@ class Blocks(nnx.Module):
         self.ln2 = LayerNorm(d, (L,), norm_bias)
         if cfg.n_experts:  # a mixture of experts in the MLP's place (jaxscale.model.moe)
             self.experts = moe.Experts(cfg, rngs)
+        if not (L := cfg.dense_layers):  # the blocks with the dense MLP (all but experts')
             return
         self.w1 = _param(normal, rngs.params(), (L, d, f), ("layers", "embed", "mlp"))
         if bias:
@@ -203,15 +204,14 @@ def forward(params: dict, tokens: jax.Array, remat: str = "none",
     """The model as a pure function of its parameters (a nested dict): token ids -> logits.
 
     Three units run in turn: `embed` (token embeddings, plus learned positions), the L
-    blocks (`layers`: one `lax.scan` over the stacked layer parameters) and `head` (final
-    norm, then the output projection: tied, logits = h @ E^T, or its own). `family`: how
-    the blocks compute (jaxscale.model.config.Family; the ModelConfig's `.family`). `tp_axis`: the blocks run tensor parallel
-    over that mesh axis (see `block`). ZeRO-3 runs the same units on gathered slices
-    (jaxscale.parallel.zero.forward_gathered), a pipeline one stage's layers at a time.
-    `seq` says where the tokens sit and how attention sees them: None (whole rows, causal),
-    attention.Documents (whole rows, within documents) or parallel.context.Ring (this
-    device's share of the sequence; attention is a ring over the cp axis).
-    """
+    blocks (`layers`: one `lax.scan` over the stack, jaxscale.model.stack) and `head`
+    (final norm, then the output projection: tied, logits = h @ E^T, or its own).
+    `family`: how the blocks compute (the ModelConfig's `.family`, model.family). `tp_axis`:
+    the blocks run tensor parallel over that mesh axis. ZeRO-3 runs the units on slices
+    (parallel.zero.forward_gathered), a pipeline one stage's layers at a time. `seq`: where
+    the tokens sit and how attention sees them: None (whole rows, causal), Documents
+    (whole rows, within documents) or parallel.context.Ring (this device's share of the
+    sequence; attention is a ring over the cp axis)."""
     return forward_with_stats(params, tokens, remat, tp_axis, attention=attention,
                               unroll=unroll, seq=seq, family=family)[0]
 
@@ -258,7 +258,7 @@ def layers_with_stats(blocks, x, remat: str = "none", tp_axis: str | None = None
         return block_with_stats(p, h, tp_axis, attention, seq, family)
     if remat != "none":
         layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
-    x, stats = jax.lax.scan(layer, x, blocks, unroll=True if unroll else 1)
+    x, stats = stack.scan(layer, x, blocks, unroll=True if unroll else 1)
     return x, moe.over_layers(stats)
 
 

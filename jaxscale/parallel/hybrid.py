@@ -118,11 +118,14 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
     shape."""
     check_experts(cfg, plan)
     v = plan.virtual
-    width = cfg.expert_d_ff if cfg.n_experts else cfg.d_ff  # (the MLP's, or each expert's)
-    if cfg.n_heads % plan.tp or width % plan.tp:
-        fits = [k for k in range(1, cfg.n_heads + 1) if cfg.n_heads % k == 0 and width % k == 0]
+    # the MLP's width, each expert's, or both (interleaved)
+    widths = sorted({w for w, n in ((cfg.expert_d_ff, cfg.moe_layers), (cfg.d_ff, cfg.dense_layers))
+                     if n})
+    if any((cfg.n_heads % plan.tp, *(w % plan.tp for w in widths))):
+        fits = [k for k in range(1, cfg.n_heads + 1)
+                if cfg.n_heads % k == 0 and all(w % k == 0 for w in widths)]
         raise PlanError(f"tp={plan.tp} must divide the heads ({cfg.n_heads}) and the MLP "
-                        f"width ({width}); choose tp from {fits}")
+                        f"width ({' and '.join(map(str, widths))}); choose tp from {fits}")
     if plan.pp > 1 and cfg.n_layers % (plan.pp * v):
         raise PlanError(f"pp x virtual = {plan.pp} x {v} = {plan.pp * v} chunks must divide "
                         f"the {cfg.n_layers} layers; {_chunk_choices(cfg.n_layers, plan.pp, v)}")
@@ -286,7 +289,8 @@ def _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order):
                                  out_specs=state_specs))
     placement = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec)
 
-    def init(params32):
-        blocks = jax.tree.map(lambda x: x[jnp.asarray(order)], params32["blocks"])
+    def init(params32):  # (a stack of interleaved blocks is never reordered: pp=1)
+        blocks = params32["blocks"] if list(order) == sorted(order) else jax.tree.map(
+            lambda x: x[jnp.asarray(order)], params32["blocks"])
         return make(jax.device_put({**params32, "blocks": blocks}, placement))
     return init

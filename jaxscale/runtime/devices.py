@@ -96,6 +96,8 @@ def force_cpu_devices(n: int) -> list[jax.Device]:
                 "or start a fresh process"
             )
     else:
+        if not accelerator_installed():  # (libtpu without chips would look for them, and
+            jax.config.update("jax_platforms", "cpu")  # write warnings to stderr)
         configure_cpu_runtime(n)
     devices = jax.devices("cpu")
     if len(devices) != n:  # e.g. a platform that ignores the setting

@@ -81,3 +81,32 @@ def test_a_fixed_dp_or_ep_is_held_for_experts():
     with pytest.raises(planner.cm.CostModelError, match="cannot fix ep=3"):
         planner.check(planner.Job(MIXTRAL, batch=256, devices=64, device=DEVICES["h100"],
                                   fixed=(("ep", 3),)))
+
+
+def test_interleaved_experts_count_their_blocks_only():
+    """Mixtral's shape with experts in every second block (moe_every=2; the dense blocks'
+    MLP as wide as an expert): parameters the model's less its norms, total and active;
+    FLOPs 6 x the active matmul weights per token (+ attention); ep's all-to-alls and
+    split states for the 16 expert blocks only."""
+    import dataclasses
+    cfg = dataclasses.replace(model_config.preset("mixtral-8x7b"), moe_every=2)
+    shape = dataclasses.replace(MIXTRAL, moe_every=2, dense_ffn=14336)
+    norms = (2 * cfg.n_layers + 1) * cfg.d_model
+    assert shape.params() == model_config.param_count(cfg) - norms
+    assert shape.params(active=True) == model_config.param_count(cfg, active=True) - norms
+    assert shape.expert_params() == MIXTRAL.expert_params() / 2
+    dense = Transformer(32, 4096, 32, 4096, ffn=14336, kv_heads=8, vocab=32000, swiglu=True,
+                        tied=False)
+    router = 16 * 4096 * 8
+    # the active blocks: 16 with two experts' MLPs, 16 with one: one dense model's FLOPs
+    # with a mean width of 1.5 experts
+    assert flops_per_token(shape)["model"] == pytest.approx(
+        flops_per_token(dataclasses.replace(dense, ffn=1.5 * 14336))["model"] + 6 * router)
+    lay = Layout(dp=2, ep=4, micro_batch=1)
+    assert step_time(shape, lay, 16, DEVICES["h100"])["bytes_sent"]["ep"] == pytest.approx(
+        step_time(MIXTRAL, lay, 16, DEVICES["h100"])["bytes_sent"]["ep"] / 2)
+    mem = memory(shape, Layout(dp=8, ep=8), 64, budget="fp32-adam")
+    experts = shape.expert_params()
+    assert mem["states"] == pytest.approx(16 * ((shape.params() - experts) + experts / 8))
+    with pytest.raises(ShapeError, match="moe_every 3 must divide layers 32"):
+        dataclasses.replace(MIXTRAL, moe_every=3)

@@ -145,3 +145,35 @@ def test_predicted_bytes_equal_the_program(layout):
 def test_expert_layouts_refused_by_name(model, plan, words):
     with pytest.raises(PlanError, match=words.replace("[", r"\[").replace("]", r"\]")):
         build_train_step(model_config.preset(model), Plan(**plan), optax.sgd(0.1))
+
+
+def test_interleaved_experts_split_as_one_device_and_bytes_as_predicted():
+    """tiny-moe with 4 blocks, experts in every second (moe_every=2), under dp=2 x ep=2:
+    the loss within fp32_sum_bound(n) of the single device's, every gradient within 1e-5
+    relative (the dense MLPs' and the experts' alike); the program's ring bytes per
+    collective equal compare.predict's (all-to-all for the 2 expert blocks only), and the
+    parameters per device too."""
+    from flax import nnx
+
+    from jaxscale.model import transformer as M
+    cfg = dataclasses.replace(model_config.preset("tiny-moe"), n_layers=4, moe_every=2)
+    params = nnx.to_pure_dict(nnx.state(M.build(cfg), nnx.Param))
+    batch = setup("tiny-moe")[2]
+    runs = {}
+    for plan in (Plan(), Plan(dp=2, ep=2)):
+        init, step = build_train_step(cfg, plan, KEEP_GRADIENT, jax.devices()[:plan.n_devices])
+        state = init(params)
+        new, metrics = step(state, batch)
+        grads = step.full_params(new._replace(params=new.opt_state[0].trace))
+        runs[plan.n_devices] = (grads, float(metrics["loss"]), step, state)
+    (ref, ref_loss, _, _), (grads, loss, step, state) = runs[1], runs[4]
+    assert abs(loss - ref_loss) <= fp32_sum_bound(batch["mask"].sum()) * ref_loss
+    assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
+    plan = Plan(dp=2, ep=2)
+    text = step.jitted.lower(state, step.place_batch(batch)).as_text(dialect="hlo")
+    pred = predict(cfg, plan, batch["tokens"].shape)
+    assert pred["sent"] == pytest.approx(hlo.ring_bytes_by_op(text, n_devices=4), rel=1e-12)
+    assert hlo.bytes_by_axis(text, dict(step.mesh.shape))["ep"]["all-to-all"]["count"] == 4 * 2
+    mine = sum(s.data.size for leaf in jax.tree.leaves(state.params)
+               for s in leaf.addressable_shards[:1])
+    assert pred["params_per_device"] == mine

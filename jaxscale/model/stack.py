@@ -1,0 +1,97 @@
+"""The stack of blocks: every block's parameters stacked along a leading `layers` axis.
+
+A forward pass walks the stack with one `lax.scan` (one loop body compiled, whatever the
+depth). Every block of a dense model has the same entries, and so has every block of a
+mixture of experts whose blocks all hold experts: the scan takes block i's slice of each.
+
+Interleaved experts (ModelConfig.moe_every = n > 1: blocks n, 2n, ... hold the experts,
+the rest the dense MLP) make two kinds of block. The stack keeps one entry per block for
+what every block has (norms, attention), one per dense block for the dense MLP (w1, w2,
+...: n_layers - n_layers / n of them) and one per expert block for `experts` (n_layers /
+n). The scan then runs over groups of n blocks, each group n - 1 dense blocks and one
+with experts, written out one after another inside the loop body:
+
+    per-block entry  [L, ...]        -> [L/n, n, ...]
+    dense MLP        [L - L/n, ...]  -> [L/n, n - 1, ...]
+    experts          [L/n, ...]         (one per group)
+
+Nothing else in the model knows the difference: `block` sees one block's parameters,
+with the dense MLP's or with `experts`, as it does without interleaving.
+"""
+from __future__ import annotations
+
+import jax
+from jax import lax
+
+DENSE_MLP = ("w1", "w2", "w3", "b1", "b2", "b3")  # a dense block's own entries
+EXPERTS = "experts"
+SILENT = ("wo", "bo", "w2", "b2")  # zeroed, they make a pre-norm block the identity
+SILENT_EXPERTS = ("w2", "shared_w2")  # (the experts' output projections)
+
+
+def depth(blocks: dict) -> int:
+    """Blocks in the stack (every block has its first norm)."""
+    return blocks["ln1"]["scale"].shape[0]
+
+
+def interleave(blocks: dict) -> int:
+    """n when every n-th block of the stack holds the experts and the others the dense
+    MLP; 1 when every block is alike (all dense, or all with experts)."""
+    if EXPERTS not in blocks or "w1" not in blocks:
+        return 1
+    return depth(blocks) // blocks[EXPERTS]["router"].shape[0]
+
+
+def scan(layer, x, blocks: dict, unroll=1):
+    """lax.scan of `layer` ((x, one block's parameters) -> (x, statistics)) over the stack;
+    by groups of n blocks when interleaved (the statistics: each group's expert block's)."""
+    n = interleave(blocks)
+    if n == 1:
+        return lax.scan(layer, x, blocks, unroll=unroll)
+
+    def group(h, g):
+        for i in range(n):  # n - 1 dense blocks, then the one with experts
+            h, stats = layer(h, _block(g, i, n))
+        return h, stats
+    return lax.scan(group, x, _grouped(blocks, n), unroll=unroll)
+
+
+def _grouped(blocks: dict, n: int) -> dict:
+    def split(tree, size):
+        return jax.tree.map(lambda a: a.reshape(a.shape[0] // size, size, *a.shape[1:]), tree)
+    return {k: v if k == EXPERTS else split(v, n - 1 if k in DENSE_MLP else n)
+            for k, v in blocks.items()}
+
+
+def _block(group: dict, i: int, n: int) -> dict:
+    """Block i of a group: its per-block entries, and the dense MLP's i-th entry or (the
+    last block) the group's experts."""
+    last, out = i == n - 1, {}
+    for k, v in group.items():
+        if k == EXPERTS or k in DENSE_MLP:
+            if (k == EXPERTS) == last:
+                out[k] = v if last else jax.tree.map(lambda a: a[i], v)
+        else:
+            out[k] = jax.tree.map(lambda a: a[i], v)
+    return out
+
+
+def first(blocks: dict, n_blocks: int) -> dict:
+    """The stack of the first `n_blocks` blocks (interleaved: whole groups of them)."""
+    n = interleave(blocks)
+    if n_blocks % n:
+        raise ValueError(f"a cut of {n_blocks} blocks splits a group of {n} (moe_every)")
+    keep = {} if n == 1 else {EXPERTS: n_blocks // n,
+                              **dict.fromkeys(DENSE_MLP, n_blocks - n_blocks // n)}
+    return {k: jax.tree.map(lambda a, m=keep.get(k, n_blocks): a[:m], v)
+            for k, v in blocks.items()}
+
+
+def silent(blocks: dict, zeros) -> dict:
+    """The stack with every block the identity: each sub-layer's output projection (and
+    its bias) replaced by zeros_like(it), the experts' included."""
+    out = {**blocks, **{k: zeros(blocks[k]) for k in SILENT if k in blocks}}
+    if EXPERTS in blocks:
+        out[EXPERTS] = {**blocks[EXPERTS], **{k: zeros(v) for k, v in blocks[EXPERTS].items()
+                                              if k in SILENT_EXPERTS}}
+    return out
