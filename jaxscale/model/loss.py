@@ -29,6 +29,15 @@ def logits_nll_and_count(logits, batch) -> tuple[jax.Array, jax.Array]:
     return jnp.sum(nll * mask), jnp.sum(mask)
 
 
+def loss_and_objective(graphdef, params, batch) -> tuple[jax.Array, jax.Array]:
+    """(the loss, what training minimises): the loss plus a mixture of experts' routers'
+    objective (their load-balancing and z-losses, weighted; jaxscale.model.moe), or the
+    loss itself for a dense model."""
+    out = nll_and_count(graphdef, params, batch)
+    loss = out[0] / out[1]
+    return loss, loss + out[2]["objective"] if len(out) > 2 else loss
+
+
 def loss_fn(graphdef, params, batch, history=None) -> jax.Array:
     """Mean NLL per target token of the whole batch (sum / count, not a mean of means)."""
     total, count = nll_and_count(graphdef, params, batch, history)[:2]

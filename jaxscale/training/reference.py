@@ -14,7 +14,7 @@ from flax import nnx
 
 from jaxscale import garden
 from jaxscale.model import config as model_config, transformer as modellib
-from jaxscale.model.loss import loss_fn, nll_and_count
+from jaxscale.model.loss import loss_and_objective, nll_and_count
 from jaxscale.training.config import TrainConfig, lr_schedule, make_optimizer
 
 
@@ -23,7 +23,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation):
 
     @jax.jit
     def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(lambda p: loss_fn(graphdef, p, batch))(params)
+        loss, grads = value_and_grad(graphdef, params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
@@ -31,6 +31,16 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation):
         return params, opt_state, metrics
 
     return step
+
+
+def value_and_grad(graphdef, params, batch):
+    """(the loss, the gradient of what training minimises: the loss, plus a mixture of
+    experts' router objective, model.loss.loss_and_objective)."""
+    def objective(p):
+        loss, minimised = loss_and_objective(graphdef, p, batch)
+        return minimised, loss
+    (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    return loss, grads
 
 
 def make_eval_step(graphdef):

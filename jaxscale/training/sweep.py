@@ -15,8 +15,8 @@ import numpy as np
 import optax
 
 from jaxscale import garden
-from jaxscale.training.reference import as_arrays
-from jaxscale.model.loss import loss_fn, nll_and_count
+from jaxscale.model.loss import nll_and_count
+from jaxscale.training.reference import as_arrays, value_and_grad
 
 
 def _stack(batches: list[dict]) -> dict:
@@ -69,7 +69,7 @@ def make_sweep(graphdef, make_optimizer: Callable[[jax.Array], optax.GradientTra
 
         def step(carry, batch):
             p, s = carry
-            loss, grads = jax.value_and_grad(lambda q: loss_fn(graphdef, q, batch))(p)
+            loss, grads = value_and_grad(graphdef, p, batch)  # (+ a router's objective)
             updates, s = opt.update(grads, s, p)
             return (optax.apply_updates(p, updates), s), loss
 
