@@ -4,6 +4,8 @@ model-state bytes and the ring bytes it sends per step, by collective and by mes
 `strategies.run_strategy` measures has a predicted one beside it."""
 from __future__ import annotations
 
+import math
+
 import jax
 from flax import nnx
 
@@ -19,6 +21,7 @@ from jaxscale.parallel.plan import Plan
 from jaxscale.parallel.schedules import SPLIT
 from jaxscale.parallel.zero import stage3_ring_bytes
 from jaxscale.parallel.zero_layout import ZERO_LAYOUTS
+from jaxscale.runtime.mesh import MESH_AXES
 
 
 def params_per_device(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:
@@ -52,10 +55,9 @@ def params_per_device(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, fl
 def predictable(plan: Plan, cfg: model_config.ModelConfig | None = None) -> bool:
     """Whether `predict` models the plan: fp32, no remat (full remat repeats tp's forward
     all-reduces), ZeRO-3 outside a pipeline only with one micro-batch (its gathers repeat
-    per micro-batch; in a pipeline they are counted per tick); a mixture of experts (with
-    `cfg`) with dp and ep only."""
-    experts = cfg is not None and cfg.n_experts and (plan.tp > 1 or plan.cp > 1)
-    return (plan.remat == "none" and plan.precision == "fp32" and not experts
+    per micro-batch; in a pipeline they are counted per tick). Every model is modelled,
+    a mixture of experts under every layout it runs (`cfg` is accepted for that reason)."""
+    return (plan.remat == "none" and plan.precision == "fp32"
             and not (plan.zero_stage == 3 and plan.micro_batches > 1 and plan.pp == 1))
 
 
@@ -68,7 +70,7 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
     `predictable`)."""
     if not predictable(plan, cfg):
         raise CompareError(f"the prediction covers fp32 plans without remat (ZeRO-3 with "
-                           f"one micro-batch, experts with dp and ep only); got {plan}")
+                           f"one micro-batch); got {plan}")
     psi = params_per_device(cfg, plan)
     k, z, m, tp, cp = plan.dp, plan.zero_stage, plan.micro_batches, plan.tp, plan.cp
     states = cm.model_state_bytes(psi["total"], k, z, "fp32")
@@ -91,10 +93,7 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
     # the sequence's shares of every gradient (ZeRO: of its slices) summed, after dp's
     # reduction: over cp, and over tp for what tp does not split when sequence parallel
     shrink, sp = (k if z else 1), plan.sequence_parallel
-    if cp > 1 or sp:
-        split, whole = 4 * psi["split"] / shrink, 4 * (psi["total"] - psi["split"]) / shrink
-        add("all-reduce", ring(whole, cp * (tp if sp else 1)), "cp" if cp > 1 else "tp")
-        add("all-reduce", ring(split, cp), "cp")
+    _shares(plan, {part: 4 * v / shrink for part, v in _parts(psi).items()}, add)
     if cp > 1:
         # ring attention: per layer, cp - 1 hops of k and v forward, of their gradients back
         # (k and v as the device's query heads read them: its kv heads where tp splits
@@ -120,7 +119,7 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
         # query heads read, summed over tp once per step (ZeRO: on the dp slices)
         add("all-reduce", ring(4 * psi["kv_replicated"] / (k if z else 1), tp), "tp")
     if cfg.n_experts:
-        _experts(cfg, plan, rows * (s // cp), 4 * (psi["total"] - psi["experts"]) / shrink, add)
+        _experts(cfg, plan, rows * (s // cp), add)
     if cfg.document_mask and (cp > 1 or plan.sequence_parallel):
         g = cp * (tp if plan.sequence_parallel else 1)  # every token's document id, int32
         add("all-gather", m * (g - 1) / g * rows * s * 4, "cp" if cp > 1 else "tp")
@@ -134,22 +133,51 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
             "sent_by_axis": by_axis}
 
 
-def _experts(cfg, plan: Plan, tokens: int, unsplit: float, add) -> None:
-    """A mixture of experts' collectives (jaxscale.model.moe): per layer and micro-batch,
-    the tokens' places to the experts' devices and back, forward and (transposed)
-    backward, four all-to-alls of E x C x d over ep; the router's load per expert summed
-    over the devices that split the tokens (E floats); and, once per step, the
-    gradients of what ep does not split (everything but the experts) summed over ep."""
+def _parts(psi: dict) -> dict[str, float]:
+    """A device's parameters by the sequence axes that split them: the experts (ep and
+    tp), the rest of what tp splits, and what no model axis splits."""
+    return {"experts": psi["experts"], "split": psi["split"] - psi["experts"],
+            "whole": psi["total"] - psi["split"]}
+
+
+def _shares(plan: Plan, grads: dict[str, float], add) -> None:
+    """The gradients' shares summed once per step, after dp's reduction (`grads`: bytes
+    by `_parts`, ZeRO's slices): the devices that hold other tokens of the same rows (cp;
+    tp under sequence parallelism) or other rows (ep) each computed a share of every
+    parameter they do not split. One all-reduce per part, over all those axes together:
+    the experts over cp, the rest of tp's split over ep x cp, the rest over ep x cp x tp
+    (sequence parallel)."""
+    over = {"experts": ("cp",), "split": ("ep", "cp"),
+            "whole": ("ep", "cp") + (("tp",) if plan.sequence_parallel else ())}
+    for part, v in grads.items():
+        axes = [a for a in over[part] if getattr(plan, a) > 1]
+        g = math.prod(getattr(plan, a) for a in axes)
+        if g > 1:
+            add("all-reduce", 2 * (g - 1) / g * v, "+".join(_mesh_order(axes)))
+
+
+def _mesh_order(axes) -> list[str]:
+    return [a for a in MESH_AXES if a in axes]
+
+
+def _experts(cfg, plan: Plan, tokens: int, add) -> None:
+    """A mixture of experts' collectives in each MoE layer, per micro-batch
+    (jaxscale.model.moe): the tokens' places to the experts' devices and back, forward
+    and (transposed) backward, four all-to-alls of E x C x d over ep; the router's load
+    per expert (E floats) summed over every device of the micro-batch's tokens (dp, ep,
+    cp, tp); and with tp but not sequence parallel the router's gradient [d, E] summed
+    over tp (its input is each tp device's own copy of the tokens)."""
     e, times = cfg.n_experts, cfg.moe_layers * plan.micro_batches
     places = moe.capacity(tokens, e, cfg.family)
     if plan.ep > 1:
         add("all-to-all", 4 * times * (plan.ep - 1) / plan.ep * e * places * cfg.d_model * 4,
             "ep")
-        add("all-reduce", 2 * (plan.ep - 1) / plan.ep * unsplit, "ep")
-    g = plan.dp * plan.ep
+    axes = [a for a in ("dp", "ep", "cp", "tp") if getattr(plan, a) > 1]
+    g = math.prod(getattr(plan, a) for a in axes)
     if g > 1:
-        add("all-reduce", times * 2 * (g - 1) / g * e * 4,
-            "+".join(a for a in ("dp", "ep") if getattr(plan, a) > 1))
+        add("all-reduce", times * 2 * (g - 1) / g * e * 4, "+".join(_mesh_order(axes)))
+    if plan.tp > 1 and not plan.sequence_parallel:
+        add("all-reduce", times * 2 * (plan.tp - 1) / plan.tp * cfg.d_model * e * 4, "tp")
 
 
 def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:

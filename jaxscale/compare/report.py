@@ -73,15 +73,21 @@ def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, floa
     """For each mesh axis, the share of ring hops along it (each device to the next in its
     group, the last back to the first) that join two processes; the plan's devices are the
     first of `device_process`, laid out (dp, ep, pp, cp, tp) as `devices.make_mesh` does."""
+    out = {axis: group_crossing_share(plan, device_process, axis) for axis in MESH_AXES}
+    return out if plan.get("ep", 1) > 1 else {k: v for k, v in out.items() if k != "ep"}
+
+
+def group_crossing_share(plan: dict, device_process: list[int], group: str) -> float:
+    """axis_crossing_share for one group of mesh axes ("ep+cp": a ring over the devices
+    that differ in ep and cp, in mesh order, as a collective over both axes runs)."""
     sizes = [plan.get(a, 1) for a in MESH_AXES]
-    n = int(np.prod(sizes))
-    grid = np.asarray(device_process[:n]).reshape(sizes)
-    out = {}
-    for i, axis in enumerate(MESH_AXES):  # (ep named only where it splits something)
-        groups = np.moveaxis(grid, i, -1).reshape(-1, sizes[i])
-        out[axis] = (float(np.mean(groups != np.roll(groups, -1, axis=1))) if sizes[i] > 1
-                     else 0.0)
-    return out if sizes[MESH_AXES.index("ep")] > 1 else {k: v for k, v in out.items() if k != "ep"}
+    grid = np.asarray(device_process[:int(np.prod(sizes))]).reshape(sizes)
+    idx = [MESH_AXES.index(a) for a in group.split("+")]
+    size = int(np.prod([sizes[i] for i in idx]))
+    if size == 1:
+        return 0.0
+    groups = np.moveaxis(grid, idx, list(range(-len(idx), 0))).reshape(-1, size)
+    return float(np.mean(groups != np.roll(groups, -1, axis=1)))
 
 
 def predicted_by_axis(cfg, plan: dict, batch_shape: tuple[int, int],
@@ -103,12 +109,12 @@ def predict_cross_process(cfg, plan: dict, batch_shape, device_process: list[int
     by_axis = predicted_by_axis(cfg, plan, batch_shape, sent)
     if by_axis is None:
         return None
-    share = axis_crossing_share(plan, device_process)
     out: dict[str, float] = {}
     for axis, ops in by_axis.items():
+        share = group_crossing_share(plan, device_process, axis)
         for op, v in ops.items():
-            if v * share[axis]:
-                out[op] = out.get(op, 0.0) + v * share[axis]
+            if v * share:
+                out[op] = out.get(op, 0.0) + v * share
     return out
 
 

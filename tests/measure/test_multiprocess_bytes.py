@@ -110,24 +110,27 @@ def test_the_prediction_splits_predict_by_axis_and_adds_up():
                                         {"all-reduce": 1.0}) is None
 
 
-@pytest.mark.parametrize("name", ["dp+pp", "3d"])
-def test_measured_crossing_bytes_match_the_prediction(devices, name):
+@pytest.mark.parametrize("model, name", [("tiny", "dp+pp"), ("tiny", "3d"),
+                                         ("tiny-moe", "dp=2,ep=2,cp=2")])
+def test_measured_crossing_bytes_match_the_prediction(devices, model, name):
     """The HLO of a real step, read with the 2 x 4 map, against the placement's prediction:
-    the replica groups JAX writes follow the mesh as the prediction assumes."""
+    the replica groups JAX writes follow the mesh as the prediction assumes, those over
+    two axes at once (tiny-moe's gradients over ep x cp) too."""
     from jaxscale.model import optim
     from jaxscale.compare.predict import predict
     from jaxscale.compare.strategies import strategy_plan
     from jaxscale.parallel.build import build_train_step
+    from jaxscale.parallel.plan import Plan
     from jaxscale.parallel.tick_table import tick_table
     from conftest import setup
-    cfg, params, batch = setup("tiny")
-    plan = strategy_plan(name, 8, cfg)
+    cfg, params, batch = setup(model)
+    plan = Plan.parse(name) if "=" in name else strategy_plan(name, 8, cfg)
     init, step = build_train_step(cfg, plan, optim.adamw(3e-3), devices)
     hlo = step.jitted.lower(init(params), step.place_batch(batch)).as_text(dialect="hlo")
     share = tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).branch_share()
     measured = measure.ring_bytes_by_op(hlo, share, device_process=BY_PROCESS)
     shape = (batch["tokens"].shape[0], cfg.seq_len)
-    predicted = report.predict_cross_process(model_config.preset("tiny"), plan.as_dict(), shape,
+    predicted = report.predict_cross_process(model_config.preset(model), plan.as_dict(), shape,
                                              BY_PROCESS, predict(cfg, plan, shape)["sent"])
     assert measured == pytest.approx(predicted) and measured
 

@@ -116,12 +116,18 @@ def test_all_to_all_bytes_are_the_closed_form():
 
 
 @pytest.mark.parametrize("layout", ["ep=2", "ep=4", "dp=2,ep=2", "dp=2,ep=2,zero=1",
-                                    "dp=2,ep=2,micro_batches=2", "dp=4"])
+                                    "dp=2,ep=2,micro_batches=2", "dp=4", "tp=2", "ep=2,tp=2",
+                                    "dp=2,tp=2,micro_batches=2", "dp=2,tp=2,sp=1",
+                                    "ep=2,tp=2,sp=1", "ep=2,cp=2", "dp=2,cp=2",
+                                    "ep=2,cp=2,tp=2", "ep=2,cp=2,tp=2,sp=1",
+                                    "dp=2,ep=2,cp=2,zero=1"])
 def test_predicted_bytes_equal_the_program(layout):
-    """compare.predict's ring bytes per collective (all-to-all over ep, the experts'
-    load summed over dp x ep, the gradients of what ep does not split summed over ep,
-    dp's reduction) equal the lowered program's exactly (integers held in floats); the
-    parameters per device too."""
+    """compare.predict's ring bytes per collective equal the lowered program's exactly
+    (integers held in floats): all-to-all over ep; the experts' load summed over every
+    device of the tokens (dp, ep, cp, tp); with tp but not sp the router's gradient over
+    tp, per layer and micro-batch; the gradients' shares summed once per step over the
+    axes that do not split them (the experts over cp, the rest over ep x cp, and x tp
+    under sp); dp's reduction. The parameters per device too."""
     cfg, params, batch = setup("tiny-moe")
     plan = Plan.parse(layout)
     init, step = build_train_step(cfg, plan, optax.adam(1e-3), jax.devices()[:plan.n_devices])
