@@ -104,7 +104,8 @@ def model_shape(args, seq_default: int, require: tuple[str, ...] = ("layers", "h
         if not cfg.tied_head:
             shape["tied"] = False
         if cfg.n_experts:  # each expert's width as the MLP's
-            shape.update(experts=cfg.n_experts, top_k=cfg.top_k, ffn=cfg.expert_d_ff)
+            shape.update(experts=cfg.n_experts, top_k=cfg.top_k, ffn=cfg.expert_d_ff,
+                         shared=cfg.n_shared_experts, capacity_factor=cfg.capacity_factor or 1.0)
             if cfg.moe_every > 1:  # interleaved: the dense blocks' own width
                 shape.update(moe_every=cfg.moe_every, dense_ffn=cfg.d_ff)
     given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "kv_heads",
@@ -152,7 +153,8 @@ def transformer(shape: dict):
                        vocab=shape["vocab"] or 0, swiglu=shape.get("swiglu", False),
                        tied=shape.get("tied", True), experts=shape.get("experts", 0),
                        top_k=shape.get("top_k", 1), moe_every=shape.get("moe_every", 1),
-                       dense_ffn=shape.get("dense_ffn"))
+                       dense_ffn=shape.get("dense_ffn"), shared=shape.get("shared", 0),
+                       capacity_factor=shape.get("capacity_factor", 1.0))
 
 
 def resolve_params(args, shape: dict | None) -> tuple[float, str]:

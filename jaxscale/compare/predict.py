@@ -185,7 +185,7 @@ def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]
     tp shards (in a pipeline: for one chunk of its layers)."""
     abstract = modellib.abstract(cfg)
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    if plan.tp > 1 or plan.pp > 1:  # each device's shards; a pipeline: one chunk's layers
+    if plan.tp > 1 or plan.pp > 1 or plan.ep > 1:  # each device's shards (pp: one chunk's layers)
         shapes = local_shapes(shapes, param_specs(modellib.logical_axes(abstract), plan,
                                                     cfg.kv_heads), plan)
         chunk = cfg.n_layers // (plan.pp * plan.virtual)

@@ -3,25 +3,21 @@ charts.py; the runs themselves: run.py and worker.py; a compile-only run: abstra
 
 Under several processes the communication table gains "cross-proc/step": the bytes per device
 per step that leave the process, measured from the HLO's replica groups and the device-to-
-process map (`measure.ring_bytes_by_op(..., device_process=...)`), next to a prediction: each
-predicted collective's bytes x the share of its ring's hops that join two processes, for the
-axis it runs over, given the placement (`distributed.place_devices`: process by process, tp
-innermost, then pp, then dp). One-process runs show no such column."""
+process map (`measure.ring_bytes_by_op(..., device_process=...)`), next to a prediction
+(crossing.py). One-process runs show no such column."""
 from __future__ import annotations
 
 import json
 import sys
 from functools import partial
 
-import numpy as np
-
 from jaxscale.compare.abstract import abstract_notes, abstract_table, target_where
-from jaxscale.compare.predict import predict
+from jaxscale.compare.crossing import (  # noqa: F401 (compare.report's names before)
+    _device_process, axis_crossing_share, group_crossing_share, predict_cross_process,
+    predicted_by_axis)
 from jaxscale.compare.time_model import add_predictions
 from jaxscale.model import config as model_config
-from jaxscale.parallel.plan import Plan
 from jaxscale.report import print_table as show
-from jaxscale.runtime.mesh import MESH_AXES
 
 
 def finish(result: dict) -> None:
@@ -58,64 +54,6 @@ def multiprocess(result: dict) -> bool:
     """Whether the run was one job of several processes (then bytes can leave a process)."""
     return (result.get("processes") or 1) > 1 or any(
         "sent_cross_process" in r for r in result.get("rows", []))
-
-
-def _device_process(result: dict) -> list[int] | None:
-    """The process of each device position, as compare's workers place them: the job's
-    devices sorted process by process, the same number on each (None: count unknown)."""
-    p, n = result.get("processes"), result.get("devices")
-    if not p or not n or n % p:
-        return None
-    return [i // (n // p) for i in range(n)]
-
-
-def axis_crossing_share(plan: dict, device_process: list[int]) -> dict[str, float]:
-    """For each mesh axis, the share of ring hops along it (each device to the next in its
-    group, the last back to the first) that join two processes; the plan's devices are the
-    first of `device_process`, laid out (dp, ep, pp, cp, tp) as `devices.make_mesh` does."""
-    out = {axis: group_crossing_share(plan, device_process, axis) for axis in MESH_AXES}
-    return out if plan.get("ep", 1) > 1 else {k: v for k, v in out.items() if k != "ep"}
-
-
-def group_crossing_share(plan: dict, device_process: list[int], group: str) -> float:
-    """axis_crossing_share for one group of mesh axes ("ep+cp": a ring over the devices
-    that differ in ep and cp, in mesh order, as a collective over both axes runs)."""
-    sizes = [plan.get(a, 1) for a in MESH_AXES]
-    grid = np.asarray(device_process[:int(np.prod(sizes))]).reshape(sizes)
-    idx = [MESH_AXES.index(a) for a in group.split("+")]
-    size = int(np.prod([sizes[i] for i in idx]))
-    if size == 1:
-        return 0.0
-    groups = np.moveaxis(grid, idx, list(range(-len(idx), 0))).reshape(-1, size)
-    return float(np.mean(groups != np.roll(groups, -1, axis=1)))
-
-
-def predicted_by_axis(cfg, plan: dict, batch_shape: tuple[int, int],
-                      sent: dict[str, float]) -> dict[str, dict[str, float]] | None:
-    """compare.predict's bytes per collective, split by the mesh axis each runs over
-    (its "sent_by_axis"). None if predict's total is not `sent`, the prediction the row
-    recorded (predict changed since: better no prediction than a wrong one)."""
-    pred = predict(cfg, Plan(**plan), batch_shape)
-    if set(pred["sent"]) != set(sent) or any(
-            abs(pred["sent"][op] - v) > 1e-6 * max(v, 1.0) for op, v in sent.items()):
-        return None
-    return pred["sent_by_axis"]
-
-
-def predict_cross_process(cfg, plan: dict, batch_shape, device_process: list[int],
-                          sent: dict[str, float]) -> dict[str, float] | None:
-    """{op: predicted bytes per device per step that cross a process boundary}: each axis's
-    predicted bytes x the share of that axis's ring hops that join two processes."""
-    by_axis = predicted_by_axis(cfg, plan, batch_shape, sent)
-    if by_axis is None:
-        return None
-    out: dict[str, float] = {}
-    for axis, ops in by_axis.items():
-        share = group_crossing_share(plan, device_process, axis)
-        for op, v in ops.items():
-            if v * share:
-                out[op] = out.get(op, 0.0) + v * share
-    return out
 
 
 def _gb(x: float) -> str:

@@ -13,6 +13,9 @@ that change the counts of today's open models:
             router h x experts): the parameters count every expert, the FLOPs and the
             activations only the top_k a token uses (`active`). moe_every n > 1: every
             n-th block holds the experts, the others a dense MLP of width dense_ffn.
+            shared: experts every token uses besides its top_k (DeepSeek's), not split
+            by ep. capacity_factor: the places each expert's all-to-all carries, over
+            its fair share (1: a dropless exchange that sends each token's top_k copies).
 
 Parameters: L (2h^2 + 2 h h_kv + n_mlp h f) + V h (2 V h untied), n_mlp = 2 (3 with
 SwiGLU), h_kv = kv_heads x h / heads; with E experts the MLP term is E n_mlp h f + h E;
@@ -42,6 +45,8 @@ class Transformer:
     top_k: int = 1  # experts per token
     moe_every: int = 1  # every n-th block holds the experts (1: all of them)
     dense_ffn: int | None = None  # the dense blocks' MLP width when interleaved (None: ffn)
+    shared: int = 0  # shared experts (each of width ffn) in every block that holds experts
+    capacity_factor: float = 1.0  # places per expert over its fair share, in the all-to-all
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq"):
@@ -56,6 +61,9 @@ class Transformer:
             raise ShapeError(f"kv_heads {kv} must divide heads {self.heads}")
         if self.experts < 0 or (self.experts and not 1 <= self.top_k <= self.experts):
             raise ShapeError(f"top_k {self.top_k} must be 1 to experts {self.experts}")
+        if self.shared < 0 or not self.capacity_factor > 0:
+            raise ShapeError(f"shared experts must be >= 0 and the capacity factor > 0, got "
+                             f"{self.shared}, {self.capacity_factor}")
         if self.moe_every < 1 or self.layers % self.moe_every:
             raise ShapeError(f"moe_every {self.moe_every} must divide layers {self.layers}")
 
@@ -85,7 +93,7 @@ class Transformer:
         h), Wk, Wv (h x h_kv), the MLP's (with experts: every expert's, or the top_k a
         token uses when `active`, and the router)."""
         h = self.hidden
-        mlps = (self.top_k if active else self.experts) if self.experts else 1
+        mlps = (self.top_k if active else self.experts) + self.shared if self.experts else 1
         router = h * self.experts
         return 2 * h * h + 2 * h * self.kv_hidden + mlps * self.mlp_matrices * h * self.f + router
 
@@ -117,9 +125,10 @@ class Transformer:
         if not self.experts:
             return self
         n = self.moe_layers
-        ffn = (n * self.top_k * self.f + (self.layers - n) * (self.dense_ffn or self.f)) / self.layers
+        used = (self.top_k + self.shared) * self.f  # a token's experts, the shared ones too
+        ffn = (n * used + (self.layers - n) * (self.dense_ffn or self.f)) / self.layers
         return replace(self, ffn=int(ffn) if ffn == int(ffn) else ffn, experts=0, top_k=1,
-                       moe_every=1, dense_ffn=None)
+                       moe_every=1, dense_ffn=None, shared=0, capacity_factor=1.0)
 
     def with_seq(self, seq: int) -> Transformer:
         return replace(self, seq=seq)

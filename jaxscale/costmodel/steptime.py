@@ -23,11 +23,11 @@ Per device and step (B sequences of s tokens, d = dp x tp x pp x cp devices):
             compute, only the excess is exposed
   pp        each micro-batch crosses each of its v chunk boundaries forward and backward:
             2 v m sends of b (s/cp) h / tp 16-bit values (Megatron's scatter-gather)
-  ep        a mixture of experts: per layer and micro-batch, 4 all-to-alls (dispatch and
-            combine, forward and backward) of the device's top_k b (s/cp) h 16-bit values
-            (capacity factor 1: an implementation that drops, or a grouped matmul that
-            sends no padding; jaxscale's dropless default sends E / top_k times that, its
-            fixed places padded: jaxscale.compare.predict counts those), on the critical path
+  ep        a mixture of experts: per MoE layer and micro-batch, 4 all-to-alls (dispatch
+            and combine, forward and backward) of the device's cf x top_k b (s/cp) h 16-bit
+            values (cf the capacity factor; 1 for dropless: a grouped matmul that sends no
+            padding; jaxscale's own dropless layer sends E / top_k times that, its fixed
+            places padded: jaxscale.compare.predict counts those), on the critical path
 
   dp        gradients of the Psi/(tp pp) shard over the dp x cp devices that hold the same
             weights (Megatron's data-and-context group; ZeRO shards over it too): ZeRO 0-1
@@ -108,8 +108,8 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
     act = local * shape.hidden * ACT_BYTES
     per_layer = 6 if lay.recompute == "full" else 4
     tp = coll("all_reduce", act, "tp", layers_here * m * per_layer)
-    ep = (coll("all_to_all", shape.top_k * act, "ep", shape.moe_layers // lay.pp * m * 4)
-          if lay.ep > 1 else 0.0)
+    ep = (coll("all_to_all", shape.capacity_factor * shape.top_k * act, "ep",
+               shape.moe_layers // lay.pp * m * 4) if lay.ep > 1 else 0.0)
 
     kv = 2 * local * shape.kv_hidden * ACT_BYTES  # k and v of this device's tokens
     hops = (lay.cp - 1) * (3 + (lay.recompute == "full"))

@@ -20,10 +20,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale.model import attention as attentionlib, fp8, fp8_history, moe, rope
 from jaxscale.model.config import GPT2, Family
-
-# The outputs of the collectives inside a block (tp's, the cp ring's) carry this name, so
-# that a remat policy can keep them: recomputing one means sending it again.
-COLLECTIVE = "collective"
+from jaxscale.runtime.vma import COLLECTIVE  # (a remat policy may keep what carries it)
 
 
 def layer_norm(x, scale, bias=None, eps: float = 1e-5):

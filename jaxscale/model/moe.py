@@ -49,9 +49,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale.model.config import Family, ModelConfig
-from jaxscale.runtime.vma import vary
+from jaxscale.runtime.vma import COLLECTIVE, vary
 
 # the statistics a layer returns: contributions (psum over the token axes gives the
 # micro-batch's value) and figures already global
@@ -152,11 +153,13 @@ def layer(p, x, reduce, family: Family):
     places = capacity(b * t, n_experts, family)
     place, kept = assign(experts, n_experts, places)
     inputs = dispatch(tokens, place, n_experts, places)
-    if family.ep_axis:  # to the devices that hold the experts
-        inputs = lax.all_to_all(inputs, family.ep_axis, 0, 1, tiled=True)
+    if family.ep_axis:  # to the devices that hold the experts (named: a remat policy
+        inputs = checkpoint_name(  # may keep what it would otherwise send again)
+            lax.all_to_all(inputs, family.ep_axis, 0, 1, tiled=True), COLLECTIVE)
     outputs = mlp(inputs, p["w1"], p["w2"], p.get("w3"), family, lead="e")
     if family.ep_axis:  # and back
-        outputs = lax.all_to_all(outputs, family.ep_axis, 1, 0, tiled=True)
+        outputs = checkpoint_name(lax.all_to_all(outputs, family.ep_axis, 1, 0, tiled=True),
+                                  COLLECTIVE)
     y = combine(outputs, place, gates)
     if "shared_w1" in p:
         y = y + mlp(tokens, p["shared_w1"], p["shared_w2"], p.get("shared_w3"), family)
@@ -180,7 +183,8 @@ def statistics(logits, probs, experts, kept, family: Family) -> dict:
 
     def mine(v):  # this device's contribution: its tokens' share, its copy's share of it
         return psum(v / everywhere / copies, family.copy_axes)
-    load = total(jax.nn.one_hot(experts, n_experts).sum((0, 1)))  # assignments per expert
+    # assignments per expert (named: a remat policy keeps it rather than sum it again)
+    load = checkpoint_name(total(jax.nn.one_hot(experts, n_experts).sum((0, 1))), COLLECTIVE)
     share = lax.stop_gradient(load / (k * everywhere))  # f_i
     aux = mine(n_experts * jnp.sum(share * probs.sum(0)))
     z = mine(jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1))))

@@ -45,9 +45,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxscale.model import attention as attentionlib
 from jaxscale.parallel.axes import CP
 from jaxscale.model.transformer import document_ids
-from jaxscale.runtime.vma import vary, varying_axes
+from jaxscale.runtime.vma import COLLECTIVE, vary, varying_axes
 
-COLLECTIVE = "collective"  # jaxscale.model.transformer.COLLECTIVE (a remat policy may keep these)
 LAYOUTS = ("zigzag", "contiguous")
 
 

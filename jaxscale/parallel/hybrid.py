@@ -105,12 +105,12 @@ def check_experts(cfg: ModelConfig, plan) -> None:
         raise PlanError(f"ep={plan.ep} must divide the {e} experts; choose ep from "
                         f"{[k for k in range(1, e + 1) if e % k == 0]}")
     later = [what for what, on in (
-        (f"pp={plan.pp}", plan.pp > 1), ("ZeRO-3", plan.zero_stage == 3),
+        (f"pp={plan.pp}", plan.pp > 1),
         (f"precision {plan.precision}", plan.family(cfg).matmul != "native")) if on]
     if later:
-        raise PlanError(f"a mixture of experts runs with dp, ep, tp, cp, sp and ZeRO-1/2, "
-                        f"not yet with {' or '.join(later)}; use pp=1, zero 0-2 and a "
-                        "precision without FP8")
+        raise PlanError(f"a mixture of experts runs with dp, ep, tp, cp, sp and ZeRO, "
+                        f"not yet with {' or '.join(later)}; use pp=1 and a precision "
+                        "without FP8")
 
 
 def check_divisible(cfg: ModelConfig, plan) -> None:
@@ -223,13 +223,13 @@ def sequence_grad_fn(model_cfg, plan, layout, specs):
     def nll(prm, mb, history=None):
         prm = fp8_history.attach(prm, history)
         if plan.zero_stage == 3:  # prm: my dp slices of my tp shards, gathered per unit
-            logits = forward_gathered(prm, mb["tokens"], plan.remat, layout.fetch,
-                                      plan.attention, plan.unroll, tp_axis, sequence(mb),
-                                      plan.family(model_cfg))
-            return logits_nll_and_count(logits, mb)
-        logits, stats = modellib.forward_with_stats(
-            prm, mb["tokens"], plan.remat, tp_axis=tp_axis, attention=plan.attention,
-            unroll=plan.unroll, seq=sequence(mb), family=plan.family(model_cfg))
+            logits, stats = forward_gathered(prm, mb["tokens"], plan.remat, layout.fetch,
+                                             plan.attention, plan.unroll, tp_axis,
+                                             sequence(mb), plan.family(model_cfg))
+        else:
+            logits, stats = modellib.forward_with_stats(
+                prm, mb["tokens"], plan.remat, tp_axis=tp_axis, attention=plan.attention,
+                unroll=plan.unroll, seq=sequence(mb), family=plan.family(model_cfg))
         out = logits_nll_and_count(logits, mb)
         return (*out, stats) if stats else out
 

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.model import fp8_history, transformer as modellib, precision
+from jaxscale.model import fp8_history, moe, precision, stack, transformer as modellib
 from jaxscale.model.config import GPT2, Family
 from jaxscale.model.loss import logits_nll_and_count, nll_and_count
 from jaxscale.parallel.canonical import Canonical
@@ -57,9 +57,11 @@ class ZeroError(ValueError):
 def forward_gathered(slices, tokens, remat: str, fetch, attention: str = "einsum",
                      unroll: bool = False, tp_axis: str | None = None, seq=None,
                      family: Family = GPT2):
-    """ZeRO-3's forward: model.forward's units on parameter slices (`gathered_units`)."""
+    """ZeRO-3's forward: model.forward's units on parameter slices (`gathered_units`);
+    (logits, the routers' statistics: model.moe.over_layers, {} for a dense model)."""
     embed, layers, head = gathered_units(fetch, remat, attention, unroll, tp_axis, seq, family)
-    return head(slices, layers(slices["blocks"], embed(slices, tokens)))
+    x, stats = layers(slices["blocks"], embed(slices, tokens), stats=True)
+    return head(slices, x), stats
 
 
 def layer_policy(remat: str):
@@ -103,8 +105,8 @@ def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = 
 
     def layer(x, p):  # (fp8-delayed's histories are no slices: they pass by the gather)
         p, seen = _apart(p, fp8_history.BLOCKS)
-        return modellib.block({**fetch(after(p, x), True), **seen}, x, tp_axis, attention,
-                              seq, family), None
+        return modellib.block_with_stats({**fetch(after(p, x), True), **seen}, x, tp_axis,
+                                         attention, seq, family)
 
     def head_unit(p, x):
         p, seen = _apart(p, fp8_history.HEAD)
@@ -118,8 +120,9 @@ def gathered_units(fetch, remat: str, attention: str = "einsum", unroll: bool = 
     def embed(slices, tokens):  # the token table, and the position table if there is one
         return embed_unit({k: slices[k] for k in EMBED_UNIT if k in slices}, tokens)
 
-    def layers(blocks, x):
-        return jax.lax.scan(layer, x, blocks, unroll=True if unroll else 1)[0]
+    def layers(blocks, x, stats: bool = False):  # (and the routers' statistics)
+        x, s = stack.scan(layer, x, blocks, unroll=True if unroll else 1)
+        return (x, moe.over_layers(s)) if stats else x
 
     def head(slices, x):  # the final norm and the output head: its own, or the token table
         own = "unembed" if "unembed" in slices else "tok_embed"
@@ -145,7 +148,7 @@ def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat:
     if layout.stage == 3:
         def nll(slices, mb, history=None):
             logits = forward_gathered(fp8_history.attach(slices, history), mb["tokens"], remat,
-                                      layout.fetch, attention, unroll, family=family)
+                                      layout.fetch, attention, unroll, family=family)[0]
             return logits_nll_and_count(logits, mb)
     else:
         nll = partial(nll_and_count, graphdef)

@@ -138,7 +138,8 @@ class ZeroLayout(layouts.Replicated):
         all_gather returns a "varying" value, so its transpose in the backward pass is a
         psum_scatter: the gradient of a slice is the sum over devices of that slice.
         """
-        shapes = self.shapes[STACKED] if layer else {name: self.shapes[name] for name in unit}
+        # (a block's own entries: interleaved blocks hold the dense MLP's or the experts)
+        shapes = {name: (self.shapes[STACKED] if layer else self.shapes)[name] for name in unit}
 
         def whole(s, shape):
             dims = shape.shape[1:] if layer else shape.shape

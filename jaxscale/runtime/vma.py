@@ -11,6 +11,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+# The outputs of the collectives inside a block (tp's, the cp ring's, ep's all-to-alls)
+# carry this name (checkpoint_name), so that a remat policy can keep them: recomputing
+# one means sending it again.
+COLLECTIVE = "collective"
+
 
 def varying_axes(x) -> frozenset:
     """The mesh axes over which x (inside shard_map) may differ from device to device."""

@@ -110,3 +110,24 @@ def test_interleaved_experts_count_their_blocks_only():
     assert mem["states"] == pytest.approx(16 * ((shape.params() - experts) + experts / 8))
     with pytest.raises(ShapeError, match="moe_every 3 must divide layers 32"):
         dataclasses.replace(MIXTRAL, moe_every=3)
+
+
+def test_shared_experts_and_the_capacity_factor():
+    """A DeepSeek-style block (2 shared experts beside the top-2 of 8) counts the shared
+    ones in every token's parameters and FLOPs, not in what ep splits; a capacity factor
+    of 1.25 sends 1.25 x the all-to-all bytes of a dropless exchange."""
+    import dataclasses
+    cfg = dataclasses.replace(model_config.preset("mixtral-8x7b"), n_shared_experts=2,
+                              capacity_factor=1.25)
+    shared = dataclasses.replace(MIXTRAL, shared=2)
+    norms = (2 * cfg.n_layers + 1) * cfg.d_model
+    assert shared.params() == model_config.param_count(cfg) - norms
+    assert shared.params(active=True) == model_config.param_count(cfg, active=True) - norms
+    assert shared.expert_params() == MIXTRAL.expert_params()
+    assert shared.active().f == 4 * 14336
+    lay = Layout(dp=2, ep=4, micro_batch=1)
+    sent = step_time(dataclasses.replace(MIXTRAL, capacity_factor=1.25), lay, 16,
+                     DEVICES["h100"])["bytes_sent"]["ep"]
+    assert sent == pytest.approx(1.25 * step_time(MIXTRAL, lay, 16, DEVICES["h100"])["bytes_sent"]["ep"])
+    with pytest.raises(ShapeError, match="capacity factor > 0"):
+        dataclasses.replace(MIXTRAL, capacity_factor=0.0)
