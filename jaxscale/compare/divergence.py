@@ -15,7 +15,7 @@ misses the bound, `trace_failures`; for every strategy with `compare --trace-div
    block, one more run whose blocks write nothing into the residual stream (their output
    projections zeroed: each block is then the identity) tells the embedding, the output
    head and the loss apart from the blocks. A pipeline's cut keeps whole stages (pp x v
-   blocks at a time).
+   blocks at a time), interleaved experts' whole groups (moe_every blocks).
 
 A bug in the loss's reduction (a mean of per-shard means) shows at the first step with no
 block; a tensor-parallel layer that averages its partial sums shows in block 0. Both are

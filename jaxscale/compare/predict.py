@@ -56,7 +56,8 @@ def predictable(plan: Plan, cfg: model_config.ModelConfig | None = None) -> bool
     """Whether `predict` models the plan: fp32, no remat (full remat repeats tp's forward
     all-reduces), ZeRO-3 outside a pipeline only with one micro-batch (its gathers repeat
     per micro-batch; in a pipeline they are counted per tick). Every model is modelled,
-    a mixture of experts under every layout it runs (`cfg` is accepted for that reason)."""
+    a mixture of experts under every layout it runs (`cfg`, unused, is kept for callers
+    that pass it)."""
     return (plan.remat == "none" and plan.precision == "fp32"
             and not (plan.zero_stage == 3 and plan.micro_batches > 1 and plan.pp == 1))
 
@@ -188,7 +189,8 @@ def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]
     if plan.tp > 1 or plan.pp > 1 or plan.ep > 1:  # each device's shards (pp: one chunk's layers)
         shapes = local_shapes(shapes, param_specs(modellib.logical_axes(abstract), plan,
                                                     cfg.kv_heads), plan)
-        chunk = cfg.n_layers // (plan.pp * plan.virtual)
+        # one chunk of each stack (its own length: interleaved experts' is shorter)
         shapes = {**shapes, "blocks": jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct((chunk, *x.shape[1:]), x.dtype), shapes["blocks"])}
+            lambda x: jax.ShapeDtypeStruct((x.shape[0] // plan.virtual, *x.shape[1:]), x.dtype),
+            shapes["blocks"])}
     return stage3_ring_bytes(shapes, plan.dp, 4, plan.sequence_parallel)

@@ -57,7 +57,7 @@ def _need_split(k: int, axis: str, n: int, cfg) -> int:
 def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
     """The Plan a strategy name stands for on n devices (see STRATEGIES), if the model
     runs under it: the ep strategies need experts, and a mixture of experts runs without
-    pipelines and ZeRO-3 (so a default set leaves those out)."""
+    pipelines and FP8 (so a default set leaves those out)."""
     plan = _plan(name, n, cfg)
     try:
         check_experts(cfg, plan)
@@ -67,7 +67,8 @@ def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
 
 
 def _plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
-    tp_ok = lambda k: cfg.n_heads % k == 0 and cfg.d_ff % k == 0  # noqa: E731
+    widths = {w for w, n in ((cfg.d_ff, cfg.dense_layers), (cfg.expert_d_ff, cfg.moe_layers)) if n}
+    tp_ok = lambda k: cfg.n_heads % k == 0 and all(w % k == 0 for w in widths)  # noqa: E731
     pp_ok = lambda k: cfg.n_layers % k == 0  # noqa: E731
     if name == CONTROL:
         return Plan(micro_batches=2)

@@ -14,9 +14,10 @@ parallelism, the pipeline schedule with v chunks per device, micro-batches, reco
                    shards over dp only)
   activations      costmodel.activations: per layer x layers on the stage x micro-batches
                    in flight under the schedule, + the layer being recomputed (full); a
-                   mixture of experts' as the dense MLP of its top_k experts (capacity
-                   factor 1, the router's probabilities left out; jaxscale's dropless
-                   default pads every expert to a device's tokens, E / top_k times more)
+                   mixture of experts' as the dense MLP of its top_k and shared experts
+                   (capacity factor 1, the router's probabilities left out; interleaved,
+                   the blocks' mean width; jaxscale's dropless default pads every expert
+                   to a device's tokens, E / top_k times more)
   cpu              what optimizer offload moves to host memory (not in the device total)
 
 Embeddings and the output head are counted in Psi (their states) but not as activations,
@@ -123,8 +124,8 @@ def _states(shape: Transformer, lay: Layout, budget: str, offload: str) -> dict:
     rest's (split over tp x pp, ZeRO over dp x cp x ep)."""
     experts = shape.expert_params()
     per_layer = experts / max(shape.moe_layers, 1)  # one layer's experts
-    largest = max(shape.layer_params() - per_layer,  # the rest of a block with experts,
-                  shape.dense_layer_params() if shape.moe_layers < shape.layers else 0)  # a dense one
+    dense = shape.dense_layer_params() if shape.moe_layers < shape.layers else 0
+    largest = max(shape.layer_params() - per_layer, dense)  # an expert block's rest, a dense
     rest = S.state_memory(shape.params() - experts, lay.dp * lay.cp * lay.ep, lay.zero, budget,
                           offload, model_parallel=lay.tp * lay.pp,
                           largest_layer=largest / lay.tp)

@@ -18,8 +18,9 @@ that change the counts of today's open models:
             its fair share (1: a dropless exchange that sends each token's top_k copies).
 
 Parameters: L (2h^2 + 2 h h_kv + n_mlp h f) + V h (2 V h untied), n_mlp = 2 (3 with
-SwiGLU), h_kv = kv_heads x h / heads; with E experts the MLP term is E n_mlp h f + h E;
-biases, LayerNorms and learned positions left out (they are < 0.1% of any model here).
+SwiGLU), h_kv = kv_heads x h / heads; with E experts (and S shared) the MLP term of a block
+that holds them is (E + S) n_mlp h f + h E, and of the others (moe_every > 1) n_mlp h
+dense_ffn; biases, LayerNorms and learned positions left out (< 0.1% of any model here).
 """
 from __future__ import annotations
 

@@ -108,8 +108,8 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
     act = local * shape.hidden * ACT_BYTES
     per_layer = 6 if lay.recompute == "full" else 4
     tp = coll("all_reduce", act, "tp", layers_here * m * per_layer)
-    ep = (coll("all_to_all", shape.capacity_factor * shape.top_k * act, "ep",
-               shape.moe_layers // lay.pp * m * 4) if lay.ep > 1 else 0.0)
+    ep = (coll("all_to_all", shape.capacity_factor * shape.top_k * act, "ep",  # (the
+               -(-shape.moe_layers // lay.pp) * m * 4) if lay.ep > 1 else 0.0)  # busiest stage's)
 
     kv = 2 * local * shape.kv_hidden * ACT_BYTES  # k and v of this device's tokens
     hops = (lay.cp - 1) * (3 + (lay.recompute == "full"))

@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals  # behind print_saved_residuals
 
-from jaxscale.model import precision, transformer as modellib
+from jaxscale.model import precision, stack, transformer as modellib
 from jaxscale.model.block import block
 from jaxscale.parallel.axes import TP
 from jaxscale.parallel import zero
@@ -62,17 +62,36 @@ def block_residuals(cfg, plan, batch_size: int) -> dict:
               else modellib.REMAT_POLICIES[plan.remat])
     if policy is not None:
         one_block = jax.checkpoint(one_block, policy=policy)
-    rows = [_row(aval, source) for aval, source in saved_residuals(one_block, weights, x)
-            if not source.startswith(("from the argument p", "from a literal"))]
-    per_layer = sum(r["bytes"] for r in rows)
+    rows, each = [], {}  # each kind of block: (its bytes, how many)
+    for kind, (w, n) in _kinds(cfg, weights).items():
+        mine = [_row(aval, source, kind) for aval, source in saved_residuals(one_block, w, x)
+                if not source.startswith(("from the argument p", "from a literal"))]
+        rows, each[kind] = rows + mine, (sum(r["bytes"] for r in mine), n)
+    per_layer = sum(b * n for b, n in each.values()) / cfg.n_layers  # (interleaved: the mean)
+    held = _held(cfg, plan, int(per_layer), rows_here * tokens * cfg.d_model * dtype.itemsize)
+    if len(each) > 1:  # (no pipeline: a mixture of experts has none)
+        held = {"total": sum(b * n for b, n in each.values()),
+                "how": " + ".join(f"{b:,} B {kind} x {n}" for kind, (b, n) in each.items())}
     left_out = ["the embedding, the head and the loss"] + [
         what for what, there in (("tp's collective outputs", plan.tp > 1),
                                  ("sequence parallelism's split", plan.sequence_parallel),
                                  ("the cp ring's hops", plan.cp > 1)) if there]
     return {"rows_per_micro_batch": rows_here, "tokens": tokens, "remat": plan.remat,
             "left_out": left_out,
-            "rows": sorted(rows, key=lambda r: -r["bytes"]), "per_layer": per_layer,
-            **_held(cfg, plan, per_layer, rows_here * tokens * cfg.d_model * dtype.itemsize)}
+            "rows": sorted(rows, key=lambda r: -r["bytes"]),
+            "per_layer": int(per_layer) if per_layer == int(per_layer) else per_layer, **held}
+
+
+def _kinds(cfg, weights: dict) -> dict:
+    """The kinds of block in the stack, each with its weights and how many there are:
+    one, or with interleaved experts (moe_every > 1) the dense blocks and the expert
+    blocks (jaxscale.model.stack)."""
+    if cfg.moe_layers in (0, cfg.n_layers):
+        return {"": (weights, cfg.n_layers)}
+    return {"a dense block": ({k: v for k, v in weights.items() if k != stack.EXPERTS},
+                              cfg.dense_layers),
+            "an expert block": ({k: v for k, v in weights.items() if k not in stack.DENSE_MLP},
+                                cfg.moe_layers)}
 
 
 def _held(cfg, plan, per_layer: int, stage_input: int) -> dict:
@@ -112,11 +131,12 @@ def _names(part) -> tuple:
     return () if part is None else (part,) if isinstance(part, str) else tuple(part)
 
 
-def _row(aval, source: str) -> dict:
+def _row(aval, source: str, kind: str = "") -> dict:
     """A residual as a row: its shape, dtype, bytes, and what made it (the operation and
-    where in jaxscale, or the block's input)."""
+    where in jaxscale, or the block's input; `kind`: which kind of block, if several)."""
     shape = tuple(aval.shape)
     made = "the block's input" if source == "from the argument x" else _short(source)
+    made = f"({kind}) {made}" if kind else made
     return {"shape": list(shape), "dtype": str(aval.dtype),
             "bytes": int(np.prod(shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize,
             "made_by": made}

@@ -147,9 +147,11 @@ def zero_value_and_grad(graphdef, layout: ZeroLayout, micro_batches: int, remat:
     slices themselves, each unit's parameters gathered where it runs."""
     if layout.stage == 3:
         def nll(slices, mb, history=None):
-            logits = forward_gathered(fp8_history.attach(slices, history), mb["tokens"], remat,
-                                      layout.fetch, attention, unroll, family=family)[0]
-            return logits_nll_and_count(logits, mb)
+            logits, stats = forward_gathered(fp8_history.attach(slices, history), mb["tokens"],
+                                             remat, layout.fetch, attention, unroll,
+                                             family=family)
+            out = logits_nll_and_count(logits, mb)
+            return (*out, stats) if stats else out
     else:
         nll = partial(nll_and_count, graphdef)
     return accumulated_value_and_grad(nll, micro_batches, layout.reduction())

@@ -90,6 +90,23 @@ def test_the_layout_sets_rows_heads_tokens_and_dtype():
     assert zero3["per_layer"] < plain["per_layer"]  # ZeRO-3's layers keep matmul outputs
 
 
+def test_interleaved_experts_hold_each_kind_of_block_s_residuals():
+    """tiny-switch (4 blocks, experts in the 2nd and 4th): the blocks hold 2 dense blocks'
+    residuals (as the same model without experts holds per block) + 2 expert blocks' (as
+    the same model with experts in every block holds per block); each row says its kind."""
+    import dataclasses
+    cfg = model_config.preset("tiny-switch")
+    both = residuals.block_residuals(cfg, Plan(), 8)
+    dense = residuals.block_residuals(
+        dataclasses.replace(cfg, n_experts=0, top_k=2, moe_every=1), Plan(), 8)["per_layer"]
+    moe = residuals.block_residuals(dataclasses.replace(cfg, moe_every=1), Plan(), 8)["per_layer"]
+    assert dense != moe
+    assert both["total"] == 2 * dense + 2 * moe
+    assert both["how"] == f"{dense:,} B a dense block x 2 + {moe:,} B an expert block x 2"
+    assert {x["made_by"].split(")")[0] for x in both["rows"]} == {"(a dense block",
+                                                                  "(an expert block"}
+
+
 @pytest.mark.parametrize("source, short", [
     ("output of dot_general from /x/jaxscale/model/block.py:92:19 (attention)",
      "dot_general, model/block.py:92 (attention)"),
