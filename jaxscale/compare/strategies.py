@@ -67,8 +67,7 @@ def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
 
 
 def _plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
-    widths = {w for w, n in ((cfg.d_ff, cfg.dense_layers), (cfg.expert_d_ff, cfg.moe_layers)) if n}
-    tp_ok = lambda k: cfg.n_heads % k == 0 and all(w % k == 0 for w in widths)  # noqa: E731
+    tp_ok = lambda k: cfg.n_heads % k == 0 and all(w % k == 0 for w in cfg.mlp_widths)  # noqa: E731
     pp_ok = lambda k: cfg.n_layers % k == 0  # noqa: E731
     if name == CONTROL:
         return Plan(micro_batches=2)

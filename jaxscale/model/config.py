@@ -126,6 +126,12 @@ class ModelConfig:
         return self.n_layers - self.moe_layers
 
     @property
+    def mlp_widths(self) -> list[int]:
+        """The MLP widths tp must divide: the dense MLP's, each expert's, or both."""
+        return sorted({w for w, n in ((self.d_ff, self.dense_layers),
+                                      (self.expert_d_ff, self.moe_layers)) if n})
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 

@@ -118,9 +118,7 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
     shape."""
     check_experts(cfg, plan)
     v = plan.virtual
-    # the MLP's width, each expert's, or both (interleaved)
-    widths = sorted({w for w, n in ((cfg.expert_d_ff, cfg.moe_layers), (cfg.d_ff, cfg.dense_layers))
-                     if n})
+    widths = cfg.mlp_widths  # the MLP's, each expert's, or both (interleaved)
     if any((cfg.n_heads % plan.tp, *(w % plan.tp for w in widths))):
         fits = [k for k in range(1, cfg.n_heads + 1)
                 if cfg.n_heads % k == 0 and all(w % k == 0 for w in widths)]
