@@ -58,7 +58,9 @@ def programs(clone: Path) -> dict:
             "distinct_train_steps": sum(p.name.startswith("jit_step-") for p in entries),
             "worker_compiles": sum(w["compiles"] for w in workers),
             "worker_cache_loads": sum(w["cache_hits"] for w in workers),
-            "worker_compile_or_load_s": round(sum(w["compile_or_load_s"] for w in workers), 1)}
+            "worker_compile_or_load_s": round(sum(w["compile_or_load_s"] for w in workers), 1),
+            # times a worker dropped its loaded programs to stay under vm.max_map_count
+            "worker_program_drops": sum(w.get("program_drops", 0) for w in workers)}
 
 
 def suite(clone: Path) -> dict:
