@@ -7,6 +7,7 @@ options parsed, the config validated, devices and mesh set up, then the loop is 
 the run is replaced (the compare tests run the command itself, end to end and --abstract).
 `launch` lines run up to starting their processes: every check passed, each process's
 command line built and parsed (tests/parallel/test_multiprocess.py launches for real).
+`plan --verify` lines run up to XLA:TPU's compile (tests/runtime/test_targets.py compiles).
 """
 import json
 import re
@@ -84,10 +85,24 @@ def test_the_readme_shows_every_calculator_and_train():
 
 @pytest.mark.parametrize("argv, comment", CALCULATOR_LINES,
                          ids=[_ids(a) for a, _ in CALCULATOR_LINES])
-def test_calculator_line_runs(cli, tmp_path, argv, comment):
+def test_calculator_line_runs(cli, tmp_path, monkeypatch, argv, comment):
     _needs_the_targets_compiler(argv)
+    compiled = []
+    if "--verify" in argv:  # run up to XLA:TPU's compile, as compare lines run up to their
+        # workers: the planner's best rows built into plans and checked against the model,
+        # each handed to the compiler (tests/runtime/test_targets.py compiles for real; the
+        # two 7B programs would take two minutes here)
+        from jaxscale.compare import abstract
+
+        def compile_only(cfg, plans, devices, batch, target):
+            compiled.extend(plans.values())
+            return [{"needed_bytes": 1, "fits": True, "memory": {}} for _ in plans]
+        monkeypatch.setattr(abstract, "run_abstract", compile_only)
     result = cli(*_to_tmp(argv, tmp_path), "--json")
     assert isinstance(result, dict) and result
+    if "--verify" in argv:
+        n = int(argv[argv.index("--verify") + 1])
+        assert len(compiled) == n and all(r["buildable"] for r in result["verified"]["rows"])
     if "--png" in argv:
         assert (tmp_path / Path(argv[argv.index("--png") + 1]).name).stat().st_size > 1000
 
