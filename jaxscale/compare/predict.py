@@ -13,7 +13,8 @@ from jaxscale import costmodel as cm
 from jaxscale.compare.strategies import CompareError
 from jaxscale.model import config as model_config, moe
 from jaxscale.model import transformer as modellib
-from jaxscale.parallel.hybrid import param_specs, splits_kv_heads
+from jaxscale.parallel.fits import splits_kv_heads
+from jaxscale.parallel.hybrid import param_specs
 from jaxscale.parallel.layouts import Replicated
 from jaxscale.parallel.mesh_layouts import local_shapes
 from jaxscale.parallel.tick_table import tick_table
@@ -163,22 +164,29 @@ def _mesh_order(axes) -> list[str]:
 
 def _experts(cfg, plan: Plan, tokens: int, add) -> None:
     """A mixture of experts' collectives in each MoE layer, per micro-batch
-    (jaxscale.model.moe): the tokens' places to the experts' devices and back, forward
-    and (transposed) backward, four all-to-alls of E x C x d over ep; the router's load
-    per expert (E floats) summed over every device of the micro-batch's tokens (dp, ep,
-    cp, tp); and with tp but not sequence parallel the router's gradient [d, E] summed
-    over tp (its input is each tp device's own copy of the tokens)."""
-    e, times = cfg.n_experts, cfg.moe_layers * plan.micro_batches
+    (jaxscale.model.moe): the tokens' places to the experts' devices and back, two
+    all-to-alls of E x C x d over ep in each forward and two (transposed) in each
+    backward; the router's load per expert (E floats) summed over every device of the
+    micro-batch's tokens (dp, ep, cp, tp) in each forward; and with tp but not sequence
+    parallel the router's gradient [d, E] summed over tp in each backward (its input is
+    each tp device's own copy of the tokens). A pipeline stage runs its layers' forward
+    twice (F, and B's recomputation); the load of the micro-batches' worst layers (m
+    floats) then meets over pp once per step (jaxscale.model.moe.over_stages)."""
+    e, m = cfg.n_experts, plan.micro_batches
+    backwards = cfg.moe_layers // plan.pp * m  # this device's layers' backward passes
+    forwards = backwards * (2 if plan.pp > 1 else 1)
     places = moe.capacity(tokens, e, cfg.family)
     if plan.ep > 1:
-        add("all-to-all", 4 * times * (plan.ep - 1) / plan.ep * e * places * cfg.d_model * 4,
-            "ep")
+        add("all-to-all", 2 * (forwards + backwards) * (plan.ep - 1) / plan.ep * e * places
+            * cfg.d_model * 4, "ep")
     axes = [a for a in ("dp", "ep", "cp", "tp") if getattr(plan, a) > 1]
     g = math.prod(getattr(plan, a) for a in axes)
     if g > 1:
-        add("all-reduce", times * 2 * (g - 1) / g * e * 4, "+".join(_mesh_order(axes)))
+        add("all-reduce", forwards * 2 * (g - 1) / g * e * 4, "+".join(_mesh_order(axes)))
     if plan.tp > 1 and not plan.sequence_parallel:
-        add("all-reduce", times * 2 * (plan.tp - 1) / plan.tp * cfg.d_model * e * 4, "tp")
+        add("all-reduce", backwards * 2 * (plan.tp - 1) / plan.tp * cfg.d_model * e * 4, "tp")
+    if plan.pp > 1:
+        add("all-reduce", 2 * (plan.pp - 1) / plan.pp * m * 4, "pp")
 
 
 def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:

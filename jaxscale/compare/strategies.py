@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jaxscale.compare import phases
-from jaxscale.parallel.hybrid import check_divisible, check_experts
+from jaxscale.parallel.fits import check_divisible, check_experts
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.model import config as model_config
 
@@ -57,7 +57,8 @@ def _need_split(k: int, axis: str, n: int, cfg) -> int:
 def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
     """The Plan a strategy name stands for on n devices (see STRATEGIES), if the model
     runs under it: the ep strategies need experts, and a mixture of experts runs without
-    pipelines and FP8 (so a default set leaves those out)."""
+    FP8, and in a pipeline without ZeRO-3 or interleaved experts (a default set leaves
+    out what it refuses: jaxscale.parallel.fits.check_experts)."""
     plan = _plan(name, n, cfg)
     try:
         check_experts(cfg, plan)

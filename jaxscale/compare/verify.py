@@ -10,7 +10,7 @@ planner's error on it.
 from __future__ import annotations
 
 from jaxscale.compare import abstract
-from jaxscale.parallel.hybrid import check_divisible
+from jaxscale.parallel.fits import check_divisible
 from jaxscale.parallel.plan import Plan, PlanError
 
 PRECISION_OF_BUDGET = {"mixed-adam": "bf16", "fp32-adam": "fp32"}

@@ -26,7 +26,8 @@ Switch's and ST-MoE's router losses):
                places of gate x expert output, plus the shared experts' output
 
 Bytes: each all-to-all moves E C d elements per device (of which (ep-1)/ep leave it);
-dispatch and combine run forward and, transposed, backward: four per layer per step.
+dispatch and combine run forward and, transposed, backward: four per layer per
+micro-batch (six in a pipeline, whose B ticks run the stage's forward again).
 
 The router learns under two losses, returned as statistics with the layer's output:
     aux = E sum_i f_i P_i   Switch's load balance: f_i the share of assignments that chose
@@ -202,6 +203,29 @@ def over_layers(stats: dict) -> dict:
     out = {k: jnp.mean(v) for k, v in stats.items()}
     return {**out, "objective": jnp.sum(stats["objective"]),
             "load_max": jnp.max(stats["load_max"])}
+
+
+def per_micro(stats: dict, micro, m: int) -> dict:
+    """A forward pass's figures in a pipeline's tally (jaxscale.parallel.pipeline), which
+    keeps each of the `m` micro-batches' worst load apart: plain DP averages the
+    micro-batches' worst loads, and a pipeline must too ({} for a dense model)."""
+    if not stats:
+        return stats
+    return {**stats, "load_max": jnp.zeros(m, jnp.float32).at[micro].set(stats["load_max"])}
+
+
+def add_statistics(a: dict, b: dict) -> dict:
+    """Two tallies (per_micro's) together: summed, the worst load kept."""
+    return {k: jnp.maximum(a[k], b[k]) if k == "load_max" else a[k] + b[k] for k in a}
+
+
+def over_stages(stats: dict, axis: str, chunks: int, m: int) -> dict:
+    """A pipeline's figures: each device's tally over its forward ticks, joined over the
+    stages' `axis` into the mean over the `m` micro-batches of the mean over the model's
+    `chunks` (each chunk's figures a mean over its layers, every chunk as many), and of
+    the worst load of any chunk: what plain DP reports for the same micro-batches."""
+    out = {k: lax.psum(v, axis) / (chunks * m) for k, v in stats.items()}
+    return {**out, "load_max": jnp.mean(lax.pmax(stats["load_max"], axis))}
 
 
 def metrics(stats: dict, axes=()) -> dict:

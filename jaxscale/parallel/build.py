@@ -17,7 +17,8 @@ from jaxscale.parallel import layouts, step as steplib
 from jaxscale.parallel.canonical import Canonical
 from jaxscale.parallel.step import PlanStep
 from jaxscale.parallel.data_parallel import build_data_parallel
-from jaxscale.parallel.hybrid import build_hybrid, check_divisible
+from jaxscale.parallel.fits import check_divisible
+from jaxscale.parallel.hybrid import build_hybrid
 from jaxscale.parallel.plan import Plan, PlanError
 from jaxscale.parallel.zero import build_zero
 

@@ -35,39 +35,23 @@ import optax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxscale.model import fp8, fp8_history, precision, transformer as modellib
-from jaxscale.model.config import ModelConfig
+from jaxscale.model import fp8_history, precision, transformer as modellib
 from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel import context, step as steplib
 from jaxscale.parallel.axes import CP, DP, EP, PP, TP
 from jaxscale.parallel.canonical import Canonical, param_infos
 from jaxscale.parallel.step import PlanStep, shard_step
 from jaxscale.parallel.data_parallel import accumulated_value_and_grad
+from jaxscale.parallel.fits import check_divisible, splits_kv_heads
 from jaxscale.parallel.mesh_layouts import is_spec, layer_order, mesh_layout, state_flat_specs
 from jaxscale.parallel.pipeline import pipeline_value_and_grad
 from jaxscale.parallel.schedules import VEE
 from jaxscale.parallel.tick_table import tick_table
-from jaxscale.parallel.plan import PlanError
 from jaxscale.runtime.vma import vary
 from jaxscale.parallel.zero import check_elementwise, forward_gathered, gathered_units
 from jaxscale.runtime import mesh as meshlib
 
 RULES = {"heads": "tp", "kv_heads": "tp", "mlp": "tp", "layers": "pp", "experts": "ep"}
-
-
-def splits_kv_heads(kv_heads: int, tp: int) -> bool:
-    """Whether tp splits grouped-query attention's k/v heads (it must divide them)."""
-    return kv_heads % tp == 0
-
-
-def kv_heads_note(cfg: ModelConfig, plan) -> str | None:
-    """What tensor parallelism does with grouped-query attention's k/v heads when it cannot
-    split them (None when it can, or there is no tp)."""
-    if plan.tp == 1 or cfg.kv_heads == cfg.n_heads or splits_kv_heads(cfg.kv_heads, plan.tp):
-        return None
-    return (f"tp={plan.tp} does not divide the {cfg.kv_heads} k/v heads: K and V stay whole "
-            "on every tp device, each device picks for each of its query heads the k/v head "
-            "it reads, and their gradients are summed over tp once per step")
 
 
 def param_specs(logical, plan, kv_heads: int = 0):
@@ -78,74 +62,6 @@ def param_specs(logical, plan, kv_heads: int = 0):
             and (name != "kv_heads" or splits_kv_heads(kv_heads, plan.tp))}
     return jax.tree.map(lambda names: P(*(live.get(n) for n in names)), logical,
                         is_leaf=lambda x: isinstance(x, tuple))
-
-
-def _chunk_choices(layers: int, pp: int, v: int) -> str:
-    """What divides `layers`: other pp for this virtual, other virtual for this pp."""
-    pps = [k for k in range(1, layers + 1) if layers % (k * v) == 0]
-    vs = [k for k in range(1, layers + 1) if layers % (pp * k) == 0]
-    options = ([f"with virtual={v} choose pp from {pps}"] if pps else
-               [f"no pp works with virtual={v}"])
-    options.append(f"with pp={pp} choose virtual from {vs}" if vs else
-                   f"pp={pp} alone is more than the layers")
-    return "; ".join(options)
-
-
-def check_experts(cfg: ModelConfig, plan) -> None:
-    """Refuse expert parallelism without experts, an ep that does not divide them, and the
-    layouts a mixture of experts does not run under yet (tp against each expert's width:
-    `check_divisible`)."""
-    e = cfg.n_experts
-    if not e:
-        if plan.ep > 1:
-            raise PlanError(f"ep={plan.ep} splits a mixture of experts' experts, but the "
-                            "model has none; use a model with experts (e.g. tiny-moe) or ep=1")
-        return
-    if e % plan.ep:
-        raise PlanError(f"ep={plan.ep} must divide the {e} experts; choose ep from "
-                        f"{[k for k in range(1, e + 1) if e % k == 0]}")
-    later = [what for what, on in (
-        (f"pp={plan.pp}", plan.pp > 1),
-        (f"precision {plan.precision}", plan.family(cfg).matmul != "native")) if on]
-    if later:
-        raise PlanError(f"a mixture of experts runs with dp, ep, tp, cp, sp and ZeRO, "
-                        f"not yet with {' or '.join(later)}; use pp=1 and a precision "
-                        "without FP8")
-
-
-def check_divisible(cfg: ModelConfig, plan) -> None:
-    """Refuse a plan whose tp, pp x virtual, cp, sp or ep does not divide the model's
-    shape."""
-    check_experts(cfg, plan)
-    v = plan.virtual
-    widths = cfg.mlp_widths  # the MLP's, each expert's, or both (interleaved)
-    if any((cfg.n_heads % plan.tp, *(w % plan.tp for w in widths))):
-        fits = [k for k in range(1, cfg.n_heads + 1)
-                if cfg.n_heads % k == 0 and all(w % k == 0 for w in widths)]
-        raise PlanError(f"tp={plan.tp} must divide the heads ({cfg.n_heads}) and the MLP "
-                        f"width ({' and '.join(map(str, widths))}); choose tp from {fits}")
-    if plan.pp > 1 and cfg.n_layers % (plan.pp * v):
-        raise PlanError(f"pp x virtual = {plan.pp} x {v} = {plan.pp * v} chunks must divide "
-                        f"the {cfg.n_layers} layers; {_chunk_choices(cfg.n_layers, plan.pp, v)}")
-    if plan.cp > 1:
-        try:
-            context.check_layout(cfg.seq_len, plan.cp)
-        except context.ContextError as e:
-            raise PlanError(str(e)) from None
-    if plan.family(cfg).matmul == "fp8-block":  # every product's tiles, on one device
-        dims = {"d_model": cfg.d_model, "head_dim": cfg.head_dim,
-                "d_ff per device": cfg.d_ff // plan.tp}
-        if plan.fp8_head:
-            dims["vocab_size"] = cfg.vocab_size
-        try:
-            fp8.check_tiles(dims, plan.fp8_block)
-        except ValueError as e:
-            raise PlanError(str(e)) from None
-    if plan.sequence_parallel and (cfg.seq_len // plan.cp) % plan.tp:
-        raise PlanError(f"sequence parallelism splits each device's {cfg.seq_len // plan.cp} "
-                        f"tokens (seq_len {cfg.seq_len} / cp {plan.cp}) over tp={plan.tp}, "
-                        "which does not divide them; choose tp dividing "
-                        f"{cfg.seq_len // plan.cp}")
 
 
 def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformation,
@@ -201,10 +117,24 @@ def pipeline_grad_fn(model_cfg, plan, layout, specs):
     units = (gathered_units(layout.fetch, plan.remat, plan.attention, plan.unroll, tp_axis,
                             family=plan.family(model_cfg))
              if plan.zero_stage == 3 else None)
+    # with ep the rows are split over dp and ep: each device's share of what ep does not
+    # split (all but the experts) summed over ep, after dp's reduction
+    reduction = dataclasses.replace(layout.reduction(), then=_summed_over(specs, (EP,)))
     return pipeline_value_and_grad(
         plan, tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual),
-        tp_axis=tp_axis, replicated_over_pp=shared, reduction=layout.reduction(), units=units,
-        d_model=model_cfg.d_model, family=plan.family(model_cfg))
+        tp_axis=tp_axis, replicated_over_pp=shared, units=units,
+        reduction=reduction if plan.ep > 1 else layout.reduction(),
+        d_model=model_cfg.d_model, family=plan.family(model_cfg),
+        batch_axes=(DP, EP) if plan.ep > 1 else (DP,), experts=bool(model_cfg.n_experts))
+
+
+def _summed_over(specs, split):
+    """A gradient tree's shares summed over the mesh axes `split` (those whose devices
+    computed it on other tokens), for each parameter those axes do not split."""
+    def one(x, spec):
+        axes = tuple(a for a in split if a not in spec)
+        return lax.psum(x, axes) if axes else x
+    return lambda g: jax.tree.map(one, g, specs, is_leaf=is_spec) if split else g
 
 
 def sequence_grad_fn(model_cfg, plan, layout, specs):
@@ -239,16 +169,9 @@ def sequence_grad_fn(model_cfg, plan, layout, specs):
     # over dp already); otherwise autodiff would sum the shares over tp itself, once per
     # use (the tied embedding: twice).
     split = ((EP,) if plan.ep > 1 else ()) + seq_axes
-
-    def over_sequence(g):
-        def one(x, spec):
-            axes = tuple(a for a in split if a not in spec)
-            return lax.psum(x, axes) if axes else x
-        return jax.tree.map(one, g, specs, is_leaf=is_spec) if split else g
-
     mine = ((DP,) if plan.zero_stage != 3 else ()) + split
     reduction = dataclasses.replace(
-        layout.reduction(), then=over_sequence,
+        layout.reduction(), then=_summed_over(specs, split),
         own=lambda p: jax.tree.map(lambda x: vary(x, mine), p) if mine else p)
     return accumulated_value_and_grad(nll, plan.micro_batches, reduction,
                                       batch_axes=(DP, *split))

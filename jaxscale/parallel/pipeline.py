@@ -21,6 +21,11 @@ and backward (B) of each (micro-batch, chunk). Here that order is executed for r
 The first virtual stage embeds the tokens, the last applies the head and the loss; every
 stage runs the same program (SPMD), so the embedding and head are computed everywhere and
 selected with `where`: simple, and cheap next to the blocks in real models.
+A mixture of experts' routers add their objective to every chunk's backward (each router
+learns on its own stage), and their figures, summed over the forward ticks, are joined
+over pp at the end (jaxscale.model.moe.over_stages). With ep, the rows are split over dp
+and ep (`batch_axes`): the experts' all-to-alls run inside the F and B branches, where
+every device of an ep group takes the same branch, as a stage's dp replicas do.
 """
 from __future__ import annotations
 
@@ -30,12 +35,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxscale.model import fp8_history, transformer as modellib
+from jaxscale.model import fp8_history, moe, transformer as modellib
 from jaxscale.model.config import GPT2, Family
 from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel.axes import DP, PP
 from jaxscale.parallel.layouts import GradReduction
 from jaxscale.parallel.split_backward import StageParts, input_gradient, weight_gradient
+from jaxscale.parallel.step import with_router
 from jaxscale.parallel.tick_accumulate import Accumulate, per_micro as _per_micro
 from jaxscale.parallel.tick_table import TickTable
 from jaxscale.runtime.vma import cotangent, vary, zeros_like
@@ -60,7 +66,8 @@ class Tick(NamedTuple):
 
 def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
                             replicated_over_pp, pp_axis=PP, dp_axis=DP, tp_axis=None,
-                            units=None, d_model=None, family: Family = GPT2):
+                            units=None, d_model=None, family: Family = GPT2,
+                            batch_axes=(DP,), experts: bool = False):
     """grad_fn for steplib.make_step running the pipeline (see the module docstring).
 
     `params` arrive with the blocks' layer axis split over pp (this device's v chunks, in
@@ -72,95 +79,136 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
     same branch. `units`: (embed, layers, head) on this device's parameters (ZeRO-3: on
     its slices, each unit gathering what it uses: zero.gathered_units); default the
     model's own. `d_model`: the activations' width (default: the token embedding's).
-    `family`: the model's (jaxscale.model.config.Family).
+    `family`: the model's (jaxscale.model.config.Family). `batch_axes`: the mesh axes
+    that split the rows (dp, and ep with it). `experts`: the model has a mixture of
+    experts (its routers' objective and figures, see the module docstring).
     """
     if table.split and units is not None:
         raise ValueError("a split backward runs the model's own units, not ZeRO-3's")
-    embed, layers, head = units or (
-        lambda prm, tokens: modellib.embed(prm, tokens, family=family),
-        lambda blocks, h: modellib.layers(blocks, h, plan.remat, tp_axis,
-                                          attention=plan.attention, unroll=plan.unroll,
-                                          family=family),
-        lambda prm, h: modellib.head(prm, h, family))
+    units = _units(units, plan, tp_axis, family)
     p, m, v = plan.pp, plan.micro_batches, plan.virtual
     rows = Tick(*(None if getattr(table, f) is None else jnp.asarray(getattr(table, f))
                   for f in Tick._fields))
     last_device = 0 if table.vee else p - 1  # where the last virtual stage (the loss) is
 
+    axes = (*batch_axes, pp_axis)  # what each device holds its own copy over
+
     def grad_fn(params, batch, multiplier, history=None):
         stage = lax.axis_index(pp_axis)
-        count = lax.psum(jnp.sum(batch["mask"]), dp_axis)
+        count = lax.psum(jnp.sum(batch["mask"]), batch_axes)
         mbs = jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
         # every device differentiates its own copy, so autodiff inserts no dp or pp psum,
         # which inside lax.switch would wait for devices in another branch (tp's all-reduces
         # are fine there: a stage's tp group always takes the same branch)
-        mine = jax.tree.map(lambda x: vary(x, (dp_axis, pp_axis)), params)
+        mine = jax.tree.map(lambda x: vary(x, axes), params)
         acc = Accumulate(history, (dp_axis, pp_axis))  # (and fp8-delayed's amaxes)
         per_chunk = jax.tree.leaves(params["blocks"])[0].shape[0] // v
-
-        def chunk_blocks(blocks, chunk):
-            return jax.tree.map(lambda b: lax.dynamic_slice_in_dim(b, chunk * per_chunk,
-                                                                   per_chunk), blocks)
-
-        def head_loss(prm, h, mb):
-            return logits_nll_and_count(head(prm, h), mb)[0] / count
-
-        def stage_fn(prm, x, mb, chunk):  # prm: with the histories attached, if any
-            first, last = (stage == 0) & (chunk == 0), (stage == last_device) & (chunk == v - 1)
-            h = jnp.where(first, embed(prm, mb["tokens"]).astype(x.dtype), x)
-            h = layers(chunk_blocks(prm["blocks"], chunk), h)
-            return h, jnp.where(last, head_loss(prm, h, mb), 0.0)
+        fns = _Stage(units, stage, last_device, v, m, per_chunk, count)
         b, t = mbs["tokens"].shape[1:]
         d = d_model or params["tok_embed"].shape[-1]
-        act = vary(jnp.zeros((b, t, d), params["tok_embed"].dtype), (dp_axis, pp_axis))
+        act = vary(jnp.zeros((b, t, d), params["tok_embed"].dtype), axes)
         ct, held = (jnp.float32(1.0) if multiplier is None else multiplier), ()
         if table.split:  # B's boundary activations and their gradients, waiting for W
             parts = StageParts(
-                embed, lambda p_l, h: modellib.block(p_l, h, tp_axis, plan.attention,
-                                                     family=family),
-                head_loss, chunk_blocks, None if plan.remat == "none"
+                units[0], lambda p_l, h: modellib.block(p_l, h, tp_axis, plan.attention,
+                                                        family=family),
+                fns.head_loss, fns.blocks, None if plan.remat == "none"
                 else modellib.REMAT_POLICIES[plan.remat], plan.unroll)
-            branches = _split_branches(parts, stage_fn, stage, mine, last_device, v, reduction,
-                                       ct, acc)
+            branches = _split_branches(parts, fns.forward, stage, mine, last_device, v,
+                                       reduction, ct, acc)
             held = (jnp.zeros((table.wslots, per_chunk + 1, *act.shape), act.dtype) + act,) * 2
         else:
-            branches = _joint_branches(stage_fn, mine, p, v, stage, reduction, ct, acc)
+            branches = _joint_branches(fns, mine, p, v, m, stage, reduction, ct, acc)
+        # the routers' figures as a forward returns them (their shapes and the axes they
+        # vary over: every branch of the switch returns the same), zero
+        no_stats = jax.tree.map(zeros_like, jax.eval_shape(lambda: moe.per_micro(
+            acc.model(fns.forward, mine, act, jax.tree.map(lambda x: x[0], mbs), 0)[2], 0,
+            m))) if experts else {}
         carry = (jnp.zeros((table.slots, *act.shape), act.dtype) + act,
                  jnp.zeros((table.gslots, *act.shape), act.dtype) + act,
                  acc.zeros(reduction.accumulator(mine)),
-                 zeros_like(act.sum()).astype(jnp.float32), held)
-        (_, _, out, loss, _), _ = lax.scan(
+                 zeros_like(act.sum()).astype(jnp.float32), no_stats, held)
+        (_, _, out, loss, stats, _), _ = lax.scan(
             _tick_fn(branches, stage, mbs, p, pp_axis, table.vee, acc.add), carry, rows)
         grads, amaxes = acc.parts(out)
         grads = jax.tree.map(lambda g, shared: lax.psum(g, pp_axis) if shared else g,
                              reduction.per_step(grads), replicated_over_pp)
-        loss = lax.psum(loss, (dp_axis, pp_axis))
+        loss = lax.psum(loss, axes)
+        if stats:  # every chunk's figures, m of each
+            loss = with_router(loss, moe.over_stages(stats, pp_axis, p * v, m), batch_axes)
         return acc.outputs(loss, grads, amaxes)
 
     return grad_fn
 
 
-def _joint_branches(stage_fn, mine, p, v, stage, reduction, ct, acc):
+def _units(units, plan, tp_axis, family):
+    """(embed, layers, head) of a stage: ZeRO-3's `units` (whose layers return no
+    statistics: no experts there), or the model's own, its layers with the routers'
+    figures."""
+    if units is not None:
+        embed, plain, head = units
+        return embed, lambda blocks, h: (plain(blocks, h), {}), head
+    return (lambda prm, tokens: modellib.embed(prm, tokens, family=family),
+            lambda blocks, h: modellib.layers_with_stats(
+                blocks, h, plan.remat, tp_axis, attention=plan.attention, unroll=plan.unroll,
+                family=family),
+            lambda prm, h: modellib.head(prm, h, family))
+
+
+class _Stage:
+    """One device's share of the model inside the step: its chunks of the blocks, the
+    head's loss (first stage embeds, last applies the head: selected with `where`), the
+    forward of a chunk, and what a backward differentiates."""
+
+    def __init__(self, units, stage, last_device, v, m, per_chunk, count):
+        self.units, self.stage, self.last_device = units, stage, last_device
+        self.v, self.m, self.per_chunk, self.count = v, m, per_chunk, count
+
+    def blocks(self, blocks, chunk):
+        return jax.tree.map(lambda b: lax.dynamic_slice_in_dim(b, chunk * self.per_chunk,
+                                                               self.per_chunk), blocks)
+
+    def head_loss(self, prm, h, mb):
+        return logits_nll_and_count(self.units[2](prm, h), mb)[0] / self.count
+
+    def forward(self, prm, x, mb, chunk):  # prm: with the histories attached, if any
+        """(the chunk's output, its share of the loss, the routers' figures)"""
+        first = (self.stage == 0) & (chunk == 0)
+        last = (self.stage == self.last_device) & (chunk == self.v - 1)
+        h = jnp.where(first, self.units[0](prm, mb["tokens"]).astype(x.dtype), x)
+        h, stats = self.units[1](self.blocks(prm["blocks"], chunk), h)
+        return h, jnp.where(last, self.head_loss(prm, h, mb), 0.0), stats
+
+    def trained(self, prm, x, mb, chunk):
+        """(output, what a backward differentiates: the loss share, plus the routers'
+        objective, a micro-batch's 1/m of it as in plain DP)"""
+        h, loss, stats = self.forward(prm, x, mb, chunk)
+        return h, loss + stats["objective"] / self.m if stats else loss
+
+
+def _joint_branches(fns: _Stage, mine, p, v, m, stage, reduction, ct, acc):
     """idle, F and B for a schedule whose backward is one action: each returns (activation
-    for the next stage, gradient for the previous, weight gradients (`acc`'s), loss, held
-    ())."""
-    def branches(now, x, dy, mb, grads, loss, held):
+    for the next stage, gradient for the previous, weight gradients (`acc`'s), loss, the
+    routers' figures (F's; {} without experts), held ()). B differentiates fns.trained."""
+    def branches(now, x, dy, mb, grads, loss, stats, held):
         last = (stage == p - 1) & (now.chunk == v - 1)  # its output feeds the loss
         dy = jnp.where(last, jnp.zeros_like(dy), dy)
         nothing = zeros_like(x), zeros_like(x), jax.tree.map(zeros_like, grads)
+        no_stats = jax.tree.map(zeros_like, stats)
 
         def idle():
-            return *nothing, zeros_like(loss), held
+            return *nothing, zeros_like(loss), no_stats, held
 
         def forward():
-            y, loss_j = acc.model(stage_fn, mine, x, mb, now.chunk)
-            return y, *nothing[1:], loss_j, held
+            y, loss_j, seen = acc.model(fns.forward, mine, x, mb, now.chunk)
+            return y, *nothing[1:], loss_j, moe.per_micro(seen, now.micro, m), held
 
         def backward():
-            loss_j, vjp = acc.vjp(stage_fn, mine, x, mb, now.chunk)
+            loss_j, vjp = acc.vjp(fns.trained, mine, x, mb, now.chunk)
             d_params, dx = vjp(dy, cotangent(ct, loss_j))
             d_params = acc.own_head(d_params, last)
-            return zeros_like(x), dx, _per_micro(reduction, d_params, acc), zeros_like(loss), held
+            return (zeros_like(x), dx, _per_micro(reduction, d_params, acc), zeros_like(loss),
+                    no_stats, held)
 
         return [idle, forward, backward]
     return branches
@@ -169,31 +217,32 @@ def _joint_branches(stage_fn, mine, p, v, stage, reduction, ct, acc):
 def _split_branches(parts, stage_fn, stage, mine, last_device, v, reduction, ct, acc):
     """idle, F, B (input gradient) and W (weights) for a zero-bubble schedule; B writes its
     boundary activations and gradients into `held` (slot now.wslot), W reads them there.
-    Under fp8-delayed W reports the amaxes (it runs every product's backward again)."""
-    def branches(now, x, dy, mb, grads, loss, held):
+    Under fp8-delayed W reports the amaxes (it runs every product's backward again). (No
+    mixture of experts: fits.check_experts refuses it, so the routers' figures are {}.)"""
+    def branches(now, x, dy, mb, grads, loss, stats, held):
         first = (stage == 0) & (now.chunk == 0)
         last = (stage == last_device) & (now.chunk == v - 1)
         nothing = zeros_like(x), zeros_like(x), jax.tree.map(zeros_like, grads)
         (hs, gs), zero = held, zeros_like(loss)
 
         def idle():
-            return *nothing, zero, held
+            return *nothing, zero, stats, held
 
         def forward():
-            y, loss_j = acc.model(stage_fn, mine, x, mb, now.chunk)
-            return y, *nothing[1:], loss_j, held
+            y, loss_j, _ = acc.model(stage_fn, mine, x, mb, now.chunk)
+            return y, *nothing[1:], loss_j, stats, held
 
         def backward():
             dx, h_new, g_new = input_gradient(parts, fp8_history.attach(mine, acc.seen), x, mb,
                                               first, last, now.chunk, dy, ct)
-            return (nothing[0], dx, nothing[2], zero,
+            return (nothing[0], dx, nothing[2], zero, stats,
                     (hs.at[now.wslot].set(h_new), gs.at[now.wslot].set(g_new)))
 
         def weight():
             d_params = weight_gradient(parts, mine, hs[now.wslot], gs[now.wslot], mb, first,
                                        last, now.chunk, ct, acc.seen)
             d_params = acc.own_head(d_params, last)
-            return *nothing[:2], _per_micro(reduction, d_params, acc), zero, held
+            return *nothing[:2], _per_micro(reduction, d_params, acc), zero, stats, held
 
         return [idle, forward, backward, weight]
     return branches
@@ -214,11 +263,12 @@ def _tick_fn(branches, stage, mbs, p, pp_axis, vee=False, add=None):
         return jnp.where(slot >= 0, stash.at[jnp.maximum(slot, 0)].set(value), stash)
 
     def tick(carry, row):
-        stash, gstash, grads, loss, held = carry
+        stash, gstash, grads, loss, stats, held = carry
         now = Tick(*(None if r is None else r[stage] for r in row))
         mb = jax.tree.map(lambda x: x[now.micro], mbs)
-        y, dx, d_params, loss_j, held = lax.switch(
-            now.kind, branches(now, stash[now.slot], gstash[now.gslot], mb, grads, loss, held))
+        y, dx, d_params, loss_j, stats_j, held = lax.switch(
+            now.kind, branches(now, stash[now.slot], gstash[now.gslot], mb, grads, loss, stats,
+                               held))
         stash = put(stash, now.recv, lax.ppermute(y, pp_axis, ring))  # from the previous
         gstash = put(gstash, now.grecv, lax.ppermute(dx, pp_axis, back))  # from the next
         if vee:
@@ -226,5 +276,6 @@ def _tick_fn(branches, stage, mbs, p, pp_axis, vee=False, add=None):
             gstash = put(put(gstash, now.grecv2, lax.ppermute(dx, pp_axis, ring)),
                          now.gkeep, dx)
         grads = jax.tree.map(jnp.add, grads, d_params) if add is None else add(grads, d_params)
-        return (stash, gstash, grads, loss + loss_j, held), None
+        return (stash, gstash, grads, loss + loss_j, moe.add_statistics(stats, stats_j),
+                held), None
     return tick

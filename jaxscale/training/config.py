@@ -9,7 +9,7 @@ import optax
 
 from jaxscale.model import config as model_config, fp8, fp8_history, optim, precision
 from jaxscale.model.optim_states import STATE_DTYPES, check_state_dtype, states_in
-from jaxscale.parallel.hybrid import check_divisible
+from jaxscale.parallel.fits import check_divisible
 from jaxscale.parallel.plan import Plan
 from jaxscale.training import spikes
 

@@ -143,7 +143,7 @@ def _checked_plans(args, cfg, on_cpu: bool) -> dict:
             raise CompareError(f"strategy {name!r}: batch of {args.batch_size} documents is not "
                                f"divisible by {split} x micro_batches = {plan.rows} x "
                                f"{plan.micro_batches}; try --batch-size {need}")
-    from jaxscale.parallel.hybrid import kv_heads_note
+    from jaxscale.parallel.fits import kv_heads_note
     for name, plan in plans.items():
         note = kv_heads_note(cfg, plan)
         if note:

@@ -13,7 +13,7 @@ def before_run(args, cfg, log) -> None:
     import jax
 
     from jaxscale.model import config as model_config
-    from jaxscale.parallel.hybrid import kv_heads_note
+    from jaxscale.parallel.fits import kv_heads_note
     from jaxscale.report import plural
     from jaxscale.runtime.processes import is_main
     from jaxscale.training.config import TrainConfig, warmup_steps
