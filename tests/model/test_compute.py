@@ -90,16 +90,17 @@ def test_tensor_parallel_heads_split_under_dot_product_attention(devices):
 def _traced(plan: dict, monkeypatch):
     """Build `plan` with the xla kernel, scanned and unrolled, and run the unrolled step once,
     recording what the layers were traced with. Returns (the attention kernels, the `unroll`
-    values model.layers got while each program was traced, the loops in each program, the
+    values model.layers_with_stats got while each program was traced, the loops in each program, the
     unrolled step's loss, the single-device reference loss)."""
     cfg, params, batch = setup("tiny")
     _, ref_loss, _, _ = one_step("tiny")
     kernels, unrolls, loops = [], {False: set(), True: set()}, {}
-    attend, layers = attention.attend, M.layers
+    attend, layers = attention.attend, M.layers_with_stats  # (M.layers calls it too)
     monkeypatch.setattr(attention, "attend", lambda q, k, v, kernel="einsum":
                         kernels.append(kernel) or attend(q, k, v, kernel))
     for unroll in (False, True):
-        monkeypatch.setattr(M, "layers", lambda *a, unroll=False, _seen=unrolls[unroll], **kw:
+        monkeypatch.setattr(M, "layers_with_stats", lambda *a, unroll=False,
+                            _seen=unrolls[unroll], **kw:
                             _seen.add(unroll) or layers(*a, unroll=unroll, **kw))
         p = Plan(**plan, attention="xla", unroll=unroll)
         init, step = build_train_step(cfg, p, KEEP_GRADIENT, jax.devices()[:p.n_devices])
@@ -131,7 +132,8 @@ def test_zero3_takes_the_kernel_and_unrolls_its_gathered_layers(devices, monkeyp
 
 
 def test_a_pipeline_stage_takes_the_kernel_and_the_unrolling(devices, monkeypatch):
-    """A pipeline stage runs its share of the layers through model.layers with the Plan's
+    """A pipeline stage runs its share of the layers through model.layers_with_stats (the
+    routers' figures beside, for a mixture of experts) with the Plan's
     kernel and unrolling (tiny's stages hold one layer each, so the programs' loop counts
     cannot tell: the call is recorded instead); the loss equals the reference's."""
     kernels, unrolls, _, loss, ref_loss = _traced(dict(pp=2, micro_batches=2), monkeypatch)
