@@ -38,36 +38,12 @@ from jaxscale.model import attention as attentionlib, fp8, fp8_history, moe, sta
 from jaxscale.model.block import (COLLECTIVE, attention, block, block_with_stats,  # noqa: F401
                                   layer_norm, mlp, norm, rms_norm, tp_operators)
 from jaxscale.model.config import GPT2, Family, ModelConfig, ModelConfigError
+from jaxscale.model.params import LayerNorm, param as _param, zeros as _zeros
 
 
 # --------------------------------------------------------------------------------------
 # Parameters
 # --------------------------------------------------------------------------------------
-
-def _param(init, key, shape, axes, std=None) -> nnx.Param:
-    value = init(key, shape) if std is None else std * init(key, shape)
-    assert len(axes) == len(shape), (axes, shape)
-    return nnx.Param(value, axes=axes)
-
-
-def _zeros(shape, axes) -> nnx.Param:
-    return nnx.Param(jnp.zeros(shape, jnp.float32), axes=axes)
-
-
-def _ones(shape, axes) -> nnx.Param:
-    return nnx.Param(jnp.ones(shape, jnp.float32), axes=axes)
-
-
-class LayerNorm(nnx.Module):
-    """A norm's parameters with an optional leading layers axis: a scale, and a bias for
-    LayerNorm with biases (RMSNorm has none)."""
-
-    def __init__(self, d: int, lead: tuple[int, ...] = (), bias: bool = True):
-        lead_axes = ("layers",) * len(lead)
-        self.scale = _ones((*lead, d), (*lead_axes, "embed"))
-        if bias:
-            self.bias = _zeros((*lead, d), (*lead_axes, "embed"))
-
 
 # Activation recomputation (remat) for the scan over blocks: which intermediate values of a
 # block the forward pass keeps for backward. "full" keeps only each block's input and
