@@ -90,7 +90,7 @@ def model_shape(args, seq_default: int, require: tuple[str, ...] = ("layers", "h
     """
     shape: dict = {}
     if args.model:
-        from jaxscale.model.config import is_file, param_count, preset
+        from jaxscale.model.config import LATENT_OPTIONS, is_file, param_count, preset
         cfg = preset(args.model)
         shape = {"layers": cfg.n_layers, "hidden": cfg.d_model, "heads": cfg.n_heads,
                  "ffn": cfg.d_ff, "vocab": cfg.vocab_size, "seq": cfg.seq_len,
@@ -106,8 +106,11 @@ def model_shape(args, seq_default: int, require: tuple[str, ...] = ("layers", "h
         if cfg.n_experts:  # each expert's width as the MLP's
             shape.update(experts=cfg.n_experts, top_k=cfg.top_k, ffn=cfg.expert_d_ff,
                          shared=cfg.n_shared_experts, capacity_factor=cfg.capacity_factor or 1.0)
-            if cfg.moe_every > 1:  # interleaved: the dense blocks' own width
-                shape.update(moe_every=cfg.moe_every, dense_ffn=cfg.d_ff)
+            if cfg.moe_every > 1 or cfg.first_dense:  # the dense blocks' own width
+                shape.update(moe_every=cfg.moe_every, dense_ffn=cfg.d_ff,
+                             first_dense=cfg.first_dense)
+        if cfg.kv_lora_rank:  # latent attention (DeepSeek's)
+            shape["latent"] = tuple(getattr(cfg, n) for n in LATENT_OPTIONS)
     given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "kv_heads",
                                            "vocab", "seq") if getattr(args, k) is not None}
     if args.swiglu:
@@ -154,7 +157,8 @@ def transformer(shape: dict):
                        tied=shape.get("tied", True), experts=shape.get("experts", 0),
                        top_k=shape.get("top_k", 1), moe_every=shape.get("moe_every", 1),
                        dense_ffn=shape.get("dense_ffn"), shared=shape.get("shared", 0),
-                       capacity_factor=shape.get("capacity_factor", 1.0))
+                       capacity_factor=shape.get("capacity_factor", 1.0),
+                       first_dense=shape.get("first_dense", 0), latent=shape.get("latent", ()))
 
 
 def resolve_params(args, shape: dict | None) -> tuple[float, str]:

@@ -42,15 +42,26 @@ def params_per_device(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, fl
     norm = d * (1 + (cfg.norm == "layernorm" and cfg.bias))  # a scale (+ a bias)
     kv = 2 * d * cfg.kv_heads * cfg.head_dim + b * 2 * cfg.kv_heads * cfg.head_dim
     kv_split = splits_kv_heads(cfg.kv_heads, tp)
-    # Q, O, bq; K, V and their biases when tp splits them; bo, the norms
-    split = L * here * (2 * d * d + b * d + (kv if kv_split else 0)) + mlp_split
-    replicated = L * here * (b * d + 2 * norm + (0 if kv_split else kv)) + mlp_whole
+    # Q, O, bq; K, V and their biases when tp splits them; bo, the norms. Latent
+    # attention: what is per head split (the up-projections, O), the latents whole
+    heads, whole = ((2 * d * d + b * d + (kv if kv_split else 0), b * d + (0 if kv_split else kv))
+                    if not cfg.kv_lora_rank else _latent_parts(cfg))
+    split = L * here * heads + mlp_split
+    replicated = L * here * (whole + 2 * norm) + mlp_whole
     top = (cfg.vocab_size * d * (1 if cfg.tied_head else 2) + norm
            + (cfg.seq_len * d if cfg.position == "learned" else 0))
     blocks = split / tp + replicated + experts
     return {"top": top, "blocks": blocks, "split": split / tp + experts,  # what tp splits
             "kv_replicated": 0 if kv_split else L * here * kv,
             "experts": experts, "total": top + blocks}
+
+
+def _latent_parts(cfg: model_config.ModelConfig) -> tuple[int, int]:
+    """One block's latent-attention weights (model.mla): (split over tp by heads, whole)."""
+    whole = model_config.attention_params(cfg) - model_config.attention_params(cfg, False)
+    d, cq = cfg.d_model, cfg.q_lora_rank
+    whole += d * cq + d * (cfg.kv_lora_rank + cfg.qk_rope_dim)  # the down-projections
+    return model_config.attention_params(cfg) - whole, whole
 
 
 def predictable(plan: Plan, cfg: model_config.ModelConfig | None = None) -> bool:
@@ -100,11 +111,19 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
         # ring attention: per layer, cp - 1 hops of k and v forward, of their gradients back
         # (k and v as the device's query heads read them: its kv heads where tp splits
         # them, else one picked per query head)
-        width = (cfg.kv_heads * cfg.head_dim if splits_kv_heads(cfg.kv_heads, tp)
-                 else cfg.d_model)
-        kv = 2 * rows * (s // cp) * width // tp * 4
+        width = 2 * (cfg.kv_heads * cfg.head_dim if splits_kv_heads(cfg.kv_heads, tp)
+                     else cfg.d_model)
+        if cfg.kv_lora_rank:  # latent attention's k and v: every head's, qk and v wide
+            width = cfg.n_heads * (cfg.qk_dim + cfg.v_dim)
+        kv = rows * (s // cp) * width // tp * 4
         add("collective-permute", 2 * (cp - 1) * kv * cfg.n_layers * m, "cp")
     layers_here = cfg.n_layers // plan.pp
+    if tp > 1 and cfg.kv_lora_rank and not plan.sequence_parallel:
+        # latent attention's down-projections are whole on every tp device, each using
+        # them for its own heads: their gradients all-reduced over tp per layer and
+        # micro-batch, in backward (under sp they join the step's reduction instead)
+        whole = 4 * _latent_parts(cfg)[1]
+        add("all-reduce", 2 * (tp - 1) / tp * whole * layers_here * m, "tp")
     if tp > 1 and plan.sequence_parallel:
         # each all-reduce split in two: per layer 2 all-gathers and 2 reduce-scatters
         # forward, the same backward, on the whole cp share

@@ -24,6 +24,9 @@ dropout output 2); flash attention never stores them, and selective recompute dr
 Generalised here, each an option the paper does not need:
   ffn, SwiGLU, GQA  the f-wide terms become 2f/h (3f/h with SwiGLU) per 2 bytes, k and v
                     2 h_kv/h (`shape.Transformer`);
+  latent attention  q and k heads x (nope + rope) wide, v and the projection input heads x
+                    v (`shape.columns`), and the two latents (before and after their
+                    norms) with the shared rotated key, whole on every tp device;
   dropout=False     no masks (today's LLMs): 34 -> 32 and the maps 5 -> 2;
   cp                context parallelism: each device keeps s/cp tokens; its queries' maps
                     span all s keys (a s^2/cp);
@@ -53,16 +56,22 @@ def terms(shape: Transformer, dropout: bool = True) -> list[tuple[str, float, st
     split: 'replicated' (whole on every tp device, split by sequence parallelism), 'split'
     (by tp), 'maps' (the attention maps, a x s_keys per token, split by tp)."""
     h, f, kv, a = shape.hidden, shape.f, shape.kv_hidden, shape.heads
+    qk, out = shape.columns  # (h, h) but for latent attention
     mask = 1 if dropout else 0
+    latents = 0
+    if shape.latent:  # its latents before and after their norms, and the shared key
+        q_lora, kv_lora, _, rope, _ = shape.latent
+        latents = 2 * 2 * (q_lora + kv_lora) + 2 * rope
     rows = [
         ("layernorm 1 input", 2 * h, "replicated"),
         ("q k v input", 2 * h, "replicated"),
-        ("q", 2 * h, "split"),
-        ("k and v", 2 * 2 * kv, "split"),
+        ("latent attention's latents", latents, "replicated"),
+        ("q", 2 * qk, "split"),
+        ("k and v", 2 * (qk + out) if shape.latent else 2 * 2 * kv, "split"),
         ("softmax output", 2 * a, "maps"),
         ("softmax dropout mask", mask * a, "maps"),
         ("softmax dropout output", 2 * mask * a, "maps"),
-        ("projection input", 2 * h, "split"),
+        ("projection input", 2 * out, "split"),
         ("attention dropout mask", mask * h, "replicated"),
         ("layernorm 2 input", 2 * h, "replicated"),
         ("mlp input", 2 * h, "replicated"),

@@ -16,6 +16,10 @@ that change the counts of today's open models:
             shared: experts every token uses besides its top_k (DeepSeek's), not split
             by ep. capacity_factor: the places each expert's all-to-all carries, over
             its fair share (1: a dropless exchange that sends each token's top_k copies).
+            first_dense: DeepSeek's first blocks with the dense MLP (width dense_ffn).
+  latent    multi-head latent attention (DeepSeek; jaxscale.model.mla), (q_lora, kv_lora,
+            nope, rope, v): q and k are heads x (nope + rope) wide, v heads x v; the
+            weights are the latents' down-projections and the heads' up-projections.
 
 Parameters: L (2h^2 + 2 h h_kv + n_mlp h f) + V h (2 V h untied), n_mlp = 2 (3 with
 SwiGLU), h_kv = kv_heads x h / heads; with E experts (and S shared) the MLP term of a block
@@ -48,6 +52,8 @@ class Transformer:
     dense_ffn: int | None = None  # the dense blocks' MLP width when interleaved (None: ffn)
     shared: int = 0  # shared experts (each of width ffn) in every block that holds experts
     capacity_factor: float = 1.0  # places per expert over its fair share, in the all-to-all
+    first_dense: int = 0  # the first blocks keep the dense MLP (DeepSeek's)
+    latent: tuple = ()  # latent attention's (q_lora, kv_lora, nope, rope, v); () for none
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq"):
@@ -67,6 +73,10 @@ class Transformer:
                              f"{self.shared}, {self.capacity_factor}")
         if self.moe_every < 1 or self.layers % self.moe_every:
             raise ShapeError(f"moe_every {self.moe_every} must divide layers {self.layers}")
+        if not 0 <= self.first_dense < self.layers or (self.latent and len(self.latent) != 5):
+            raise ShapeError(f"first_dense {self.first_dense} must leave experts in some of "
+                             f"the {self.layers} layers; latent takes 5 widths, got "
+                             f"{self.latent}")
 
     @property
     def f(self) -> int:
@@ -87,7 +97,34 @@ class Transformer:
 
     @property
     def moe_layers(self) -> int:
-        return self.layers // self.moe_every if self.experts else 0
+        return (self.layers - self.first_dense) // self.moe_every if self.experts else 0
+
+    @property
+    def columns(self) -> tuple[int, int]:
+        """(q's and k's columns, v's and the attention output's), all heads: (h, h), or
+        latent attention's heads x (nope + rope) and heads x v."""
+        if not self.latent:
+            return self.hidden, self.hidden
+        _, _, nope, rope, v = self.latent
+        return self.heads * (nope + rope), self.heads * v
+
+    def attention_params(self) -> int:
+        """One block's attention weights: Wq, Wo (h x h), Wk, Wv (h x h_kv), or latent
+        attention's down-projections (h x q_lora, h x (kv_lora + rope)), up-projections
+        (q_lora x q columns, or h x them without a q latent; kv_lora x heads (nope + v))
+        and Wo (v columns x h)."""
+        h = self.hidden
+        if not self.latent:
+            return 2 * h * h + 2 * h * self.kv_hidden
+        q_lora, kv_lora, nope, rope, v = self.latent
+        qk, out = self.columns
+        q = q_lora * (h + qk) if q_lora else h * qk
+        return q + h * (kv_lora + rope) + kv_lora * self.heads * (nope + v) + out * h
+
+    def core_flops(self) -> int:
+        """Forward FLOPs per token of the attention cores, all layers, non-causal: q k^T
+        over q's columns and weights @ v over v's, against s keys (4 L s h when plain)."""
+        return 2 * self.layers * self.seq * sum(self.columns)
 
     def layer_params(self, active: bool = False) -> int:
         """Matmul weights of one block (with experts, a block that holds them): Wq, Wo (h x
@@ -96,12 +133,12 @@ class Transformer:
         h = self.hidden
         mlps = (self.top_k if active else self.experts) + self.shared if self.experts else 1
         router = h * self.experts
-        return 2 * h * h + 2 * h * self.kv_hidden + mlps * self.mlp_matrices * h * self.f + router
+        return self.attention_params() + mlps * self.mlp_matrices * h * self.f + router
 
     def dense_layer_params(self) -> int:
         """Matmul weights of a block with the dense MLP (interleaved with experts)."""
         h, f = self.hidden, self.dense_ffn or self.f
-        return 2 * h * h + 2 * h * self.kv_hidden + self.mlp_matrices * h * f
+        return self.attention_params() + self.mlp_matrices * h * f
 
     def blocks_params(self, active: bool = False) -> int:
         """Matmul weights of all the blocks."""
@@ -129,7 +166,8 @@ class Transformer:
         used = (self.top_k + self.shared) * self.f  # a token's experts, the shared ones too
         ffn = (n * used + (self.layers - n) * (self.dense_ffn or self.f)) / self.layers
         return replace(self, ffn=int(ffn) if ffn == int(ffn) else ffn, experts=0, top_k=1,
-                       moe_every=1, dense_ffn=None, shared=0, capacity_factor=1.0)
+                       moe_every=1, dense_ffn=None, shared=0, capacity_factor=1.0,
+                       first_dense=0)
 
     def with_seq(self, seq: int) -> Transformer:
         return replace(self, seq=seq)

@@ -5,6 +5,7 @@ FLOPs per token (the convention of jaxscale.model.flops, PaLM and Megatron; Kort
                                  untied input embedding is a lookup), attention non-causal
   recompute  selective: 4 L s h (the attention core's forward again)
              full:      2 N_blocks + 4 L s h (every block's forward again)
+             (latent attention: 4 L s h becomes 2 L s (q columns + v columns), shape.core_flops)
   hardware   model + recompute   (HFU counts it, MFU does not)
 
 Per device and step (B sequences of s tokens, d = dp x tp x pp x cp devices):
@@ -58,11 +59,12 @@ ACT_BYTES = 2  # 16-bit activations on the wire
 
 def flops_per_token(shape: Transformer, recompute: str = "none") -> dict[str, float]:
     """Model, recompute and hardware FLOPs per trained token (module docstring)."""
-    L, s, h = shape.layers, shape.seq, shape.hidden
+    h = shape.hidden
     blocks = shape.blocks_params(active=True)  # a mixture of experts: the top_k a token uses
     matmul = blocks + shape.vocab * h  # the input embedding is a lookup
-    model = 6 * matmul + 12 * L * s * h
-    extra = {"none": 0, "selective": 4 * L * s * h, "full": 2 * blocks + 4 * L * s * h}
+    core = shape.core_flops()  # 4 L s h forward (latent attention: its own widths)
+    model = 6 * matmul + 3 * core
+    extra = {"none": 0, "selective": core, "full": 2 * blocks + core}
     if recompute not in extra:
         raise ShapeError(f"unknown recompute {recompute!r}; choose from {', '.join(extra)}")
     return {"model": model, "recompute": extra[recompute], "hardware": model + extra[recompute]}
@@ -111,12 +113,13 @@ def step_time(shape: Transformer, lay: Layout, batch: int, dev: Device,
     ep = (coll("all_to_all", shape.capacity_factor * shape.top_k * act, "ep",  # (the
                -(-shape.moe_layers // lay.pp) * m * 4) if lay.ep > 1 else 0.0)  # busiest stage's)
 
-    kv = 2 * local * shape.kv_hidden * ACT_BYTES  # k and v of this device's tokens
+    k_and_v = sum(shape.columns) if shape.latent else 2 * shape.kv_hidden
+    kv = local * k_and_v * ACT_BYTES  # k and v of this device's tokens
     hops = (lay.cp - 1) * (3 + (lay.recompute == "full"))
     cp_bw = net["cp"][0]
     cp_total = layers_here * m * hops * (dev.latency + kv / cp_bw) if lay.cp > 1 else 0.0
     sent["cp"] = layers_here * m * hops * kv if lay.cp > 1 else 0.0
-    attention = compute * 12 * shape.layers * shape.seq * shape.hidden / fl["hardware"]
+    attention = compute * 3 * shape.core_flops() / fl["hardware"]
     cp = max(0.0, cp_total - attention) if overlap else cp_total
 
     send = act / lay.tp

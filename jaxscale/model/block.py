@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxscale.model import attention as attentionlib, fp8, fp8_history, moe, rope
+from jaxscale.model import attention as attentionlib, fp8, fp8_history, mla, moe, rope
 from jaxscale.model.norms import layer_norm, norm, rms_norm  # noqa: F401 (the block's own names)
 from jaxscale.model.config import GPT2, Family
 from jaxscale.runtime.vma import COLLECTIVE  # (a remat policy may keep what carries it)
@@ -61,7 +61,11 @@ def attention(p, x, reduce=_same, kernel: str = "einsum", seq=None, family: Fami
     the output bias is added once, after it. `kernel`: jaxscale.model.attention; `seq`: see
     jaxscale.model.transformer.forward (it brings its own attend). With rotary positions q
     and k turn by their tokens' positions before anything else sees them; k and v may have
-    fewer heads than q (grouped-query attention: the kernels repeat them)."""
+    fewer heads than q (grouped-query attention: the kernels repeat them). A block with
+    latent attention (p[mla.LATENT]) computes it instead (jaxscale.model.mla)."""
+    if mla.LATENT in p:
+        return mla.attention(p[mla.LATENT], p["wo"], x, positions(seq, x.shape[1]), reduce,
+                             kernel, seq, family)
     dot = products(p, family)
     q = _plus_bias(dot("btd,dhk->bthk", x, "wq"), p, "bq")
     k = _plus_bias(dot("btd,dhk->bthk", x, "wk"), p, "bk")

@@ -13,12 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from jaxscale import garden
-from jaxscale.model import hf_config
+from jaxscale.model import config_checks, hf_config
+from jaxscale.model.counts import attention_params, param_count  # noqa: F401
+from jaxscale.model.config_checks import LATENT_OPTIONS, MOE_OPTIONS, ModelConfigError  # noqa: F401
 from jaxscale.model.family import GPT2, Family  # noqa: F401 (the model's own names)
 
 
-class ModelConfigError(ValueError):
-    """A model configuration is inconsistent."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,18 @@ class ModelConfig:
     router_aux_weight: float = 0.01
     router_z_weight: float = 0.001
     moe_every: int = 1
+    # DeepSeek's first_k_dense_replace: the first `first_dense` blocks keep the dense MLP of
+    # width d_ff, the experts fill the rest (with moe_every 1)
+    first_dense: int = 0
+    # multi-head latent attention (DeepSeek-V2; kv_lora_rank > 0, model.mla): each head's k
+    # and v rebuilt from one kv_lora_rank-wide latent per token, plus a qk_rope_dim-wide
+    # key all heads share (the only rotated part); q from a q_lora_rank-wide latent (0:
+    # from x). A head's q.k spans qk_nope_dim + qk_rope_dim, its value v_head_dim
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_dim: int = 0
+    qk_rope_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff",
@@ -84,33 +96,8 @@ class ModelConfig:
         if self.position == "rope" and self.head_dim % 2:
             raise ModelConfigError(f"rotary positions turn pairs of a head's dimensions: "
                                    f"head_dim={self.head_dim} must be even")
-        self._check_experts()
-
-    def _check_experts(self) -> None:
-        e, k, cf = self.n_experts, self.top_k, self.capacity_factor
-        for name in ("n_experts", "moe_d_ff", "n_shared_experts", "router_aux_weight",
-                     "router_z_weight"):
-            if getattr(self, name) < 0:
-                raise ModelConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not e:
-            moe = [f"{n}={getattr(self, n)}" for n in MOE_OPTIONS
-                   if getattr(self, n) != MOE_DEFAULTS[n]]
-            if moe:
-                raise ModelConfigError(f"{', '.join(moe)} configure experts, but the model "
-                                       "has none; set n_experts > 0 (e.g. the tiny-moe preset)")
-            return
-        if not 1 <= k <= e:
-            raise ModelConfigError(f"top_k={k} experts per token out of n_experts={e}; "
-                                   f"choose top_k from 1 to {e}")
-        n, L = self.moe_every, self.n_layers
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1 or L % n:
-            raise ModelConfigError(f"moe_every={n} must divide n_layers={L} (every n-th block "
-                                   f"holds the experts); choose from "
-                                   f"{[m for m in range(1, L + 1) if L % m == 0]}")
-        if cf is not None and (not isinstance(cf, (int, float)) or isinstance(cf, bool)
-                               or not cf > 0):
-            raise ModelConfigError(f"capacity_factor must be > 0 (1.0: each expert takes its "
-                                   f"fair share of tokens), or None for dropless; got {cf}")
+        config_checks.experts(self)
+        config_checks.latent(self)
 
     @property
     def expert_d_ff(self) -> int:
@@ -119,7 +106,7 @@ class ModelConfig:
 
     @property
     def moe_layers(self) -> int:  # blocks that hold the experts (0: a dense model)
-        return self.n_layers // self.moe_every if self.n_experts else 0
+        return (self.n_layers - self.first_dense) // self.moe_every if self.n_experts else 0
 
     @property
     def dense_layers(self) -> int:  # blocks with the dense MLP
@@ -136,6 +123,16 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
+    def qk_dim(self) -> int:
+        """The width of a head's q.k: head_dim, or latent attention's nope + rope parts."""
+        return self.qk_nope_dim + self.qk_rope_dim if self.kv_lora_rank else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """The width of a head's value (and of Wo's rows per head)."""
+        return self.v_head_dim if self.kv_lora_rank else self.head_dim
+
+    @property
     def kv_heads(self) -> int:
         """Heads of k and v: n_kv_heads, or n_heads for plain multi-head attention."""
         return self.n_kv_heads or self.n_heads
@@ -150,9 +147,6 @@ class ModelConfig:
                       router_weights=(self.router_aux_weight, self.router_z_weight))
 
 
-MOE_OPTIONS = ("top_k", "moe_d_ff", "n_shared_experts", "capacity_factor", "moe_every")
-MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
-                if f.name in MOE_OPTIONS}
 CHOICES = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"),
            "position": ("learned", "rope")}
 
@@ -169,6 +163,20 @@ def _llama(vocab: int, seq: int, d: int, layers: int, heads: int, kv: int, ff: i
     """A published Llama shape (its config.json's hidden_size, num_hidden_layers, ...)."""
     return ModelConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers,
                        n_heads=heads, n_kv_heads=kv, d_ff=ff, rope_theta=theta, **LLAMA)
+
+
+def _latent(q_lora: int, kv_lora: int, nope: int, rope: int, v: int) -> dict:
+    return dict(q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_nope_dim=nope,
+                qk_rope_dim=rope, v_head_dim=v)
+
+
+def _deepseek(vocab: int, d: int, layers: int, heads: int, ff: int, experts: int,
+              top_k: int, expert_ff: int, dense: int, latent: dict, shared: int = 1):
+    """A published DeepSeek shape (config.json's hidden_size, ..., first_k_dense_replace)."""
+    return ModelConfig(vocab_size=vocab, seq_len=4096, d_model=d, n_layers=layers,
+                       n_heads=heads, d_ff=ff, n_experts=experts, top_k=top_k,
+                       moe_d_ff=expert_ff, n_shared_experts=shared, first_dense=dense,
+                       norm_eps=1e-6, **latent, **LLAMA)
 
 
 # Presets. tiny and small train here on CPU; the 1B-class ones are for GPU/TPU and are only
@@ -215,12 +223,26 @@ PRESETS: dict[str, ModelConfig] = {
     "mixtral-8x7b": dataclasses.replace(_llama(32000, 4096, 4096, 32, 32, 8, 14336, 1e6),
                                         n_experts=8, top_k=2, router_aux_weight=0.02 * 2 / 32,
                                         router_z_weight=0.0),
+    # DeepSeek's design at garden size: latent attention (kv latent 16, q latent 16, heads
+    # of 8 + 4 rotated q.k dimensions and 8 value ones), the first block dense, then 8
+    # routed experts (top-2) beside one shared expert
+    "tiny-deepseek": _garden(d_model=32, n_layers=3, n_heads=4, d_ff=96, n_experts=8,
+                             top_k=2, moe_d_ff=32, n_shared_experts=1, first_dense=1,
+                             **_latent(16, 16, 8, 4, 8), **LLAMA),
+    # published shapes (config.json): DeepSeek-V3 (671B, 37B active; its pre-training
+    # context of 4,096 tokens, the multi-token-prediction module left out) and V2-Lite
+    # (15.7B, 2.4B active; no q latent). Their routers are jaxscale's softmax top-k with
+    # Switch's loss, not DeepSeek's (sigmoid scores, group-limited top-k, bias balancing)
+    "deepseek-v3": _deepseek(129280, 7168, 61, 128, 18432, 256, 8, 2048, 3,
+                             _latent(1536, 512, 128, 64, 128)),
+    "deepseek-v2-lite": _deepseek(102400, 2048, 27, 16, 10944, 64, 6, 1408, 1,
+                                  _latent(0, 512, 128, 64, 128), shared=2),
 }
 
 
 # the ones small enough to train on a laptop's CPU
 CPU_PRESETS = ("tiny", "tiny8", "small", "long", "tiny-llama", "small-llama", "tiny-moe",
-               "tiny-switch")
+               "tiny-switch", "tiny-deepseek")
 
 
 def is_file(name: str) -> bool:
@@ -254,23 +276,3 @@ def check_platform(name: str, platform: str) -> None:
         raise ModelConfigError(
             f"model {name!r} is sized for GPU/TPU; on cpu devices use one of "
             f"{', '.join(CPU_PRESETS)} (or --platform gpu on a GPU machine)")
-
-
-def param_count(cfg: ModelConfig, active: bool = False) -> int:
-    """Closed-form number of parameters, every tensor counted (biases and norms too).
-    `active`: those one token uses (a mixture of experts: top_k of its routed experts)."""
-    d, v, t = cfg.d_model, cfg.vocab_size, cfg.seq_len
-    kv = cfg.kv_heads * cfg.head_dim  # the width of k and of v
-    b = int(cfg.bias)
-    attention = 2 * d * d + 2 * d * kv + b * (2 * d + 2 * kv)  # Wq, Wo, Wk, Wv (+ biases)
-
-    def mlp(f, bias=b):  # one MLP of hidden width f
-        n = 3 if cfg.mlp == "swiglu" else 2  # (SwiGLU: b1 and b3, f each)
-        return n * d * f + bias * ((n - 1) * f + d)
-    used = cfg.top_k if active else cfg.n_experts
-    # the router, the routed experts, the shared ones (no biases); 0 layers if dense
-    experts = d * cfg.n_experts + mlp(cfg.expert_d_ff * (used + cfg.n_shared_experts), 0)
-    ffn = cfg.moe_layers * experts + cfg.dense_layers * mlp(cfg.d_ff)
-    norm = d * (1 + (cfg.norm == "layernorm" and cfg.bias))  # a scale (+ a bias)
-    embeddings = v * d * (1 if cfg.tied_head else 2) + (t * d if cfg.position == "learned" else 0)
-    return embeddings + cfg.n_layers * (attention + 2 * norm) + ffn + norm

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from jaxscale.model.config import ModelConfig, ModelConfigError
+from jaxscale.model.counts import attention_params
 from jaxscale.model.transformer import check_compute
 
 CONVENTION = ("model FLOPs/token = 6N (N = L(2d^2 + 2d d_kv + n d f) + Vd matmul weights, n = 2"
@@ -64,7 +65,7 @@ def block_matmul_params(cfg: ModelConfig) -> int:
     """Matmul weights a token meets in the L blocks: Wq, Wo (d x d), Wk, Wv (d x d_kv),
     the MLP's (or its top_k experts', the router and the shared experts')."""
     d, n = cfg.d_model, (3 if cfg.mlp == "swiglu" else 2)
-    attention = 2 * d * d + 2 * d * cfg.kv_heads * cfg.head_dim
+    attention = attention_params(cfg, norms=False)
     experts = d * cfg.n_experts + (cfg.top_k + cfg.n_shared_experts) * n * d * cfg.expert_d_ff
     return (cfg.n_layers * attention + cfg.moe_layers * experts
             + cfg.dense_layers * n * d * cfg.d_ff)
@@ -74,7 +75,8 @@ def model_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> FlopC
     """Forward + backward FLOPs per token at `seq_len` (default cfg.seq_len)."""
     s = cfg.seq_len if seq_len is None else seq_len
     n = block_matmul_params(cfg) + cfg.vocab_size * cfg.d_model
-    attention = 12 * cfg.n_layers * s * cfg.d_model
+    # q.k over qk_dim and weights @ v over v_dim, per head (12 L s d without latent attention)
+    attention = 6 * cfg.n_layers * s * cfg.n_heads * (cfg.qk_dim + cfg.v_dim)
     return FlopCount(matmul_params=n, dense=6 * n, attention=attention,
                      attention_causal=attention // 2, seq_len=s)
 
@@ -114,9 +116,24 @@ def hand_count(cfg: ModelConfig, batch: int, seq: int) -> int:
         + 2 * b * h * t * s * k  # scores = bqhk,bshk->bhqs (k, v repeated per group)
         + 2 * b * h * t * s * k  # out = bhqs,bshk->bqhk
         + 2 * b * t * h * k * d  # bthk,hkd->btd (Wo)
-    )
+    ) if not cfg.kv_lora_rank else _latent_count(cfg, b * t, s)
     head = 2 * b * t * d * v  # logits = btd,vd->btv
     return cfg.n_layers * one_layer + _mlp_count(cfg, b * t) + head
+
+
+def _latent_count(cfg: ModelConfig, tokens: int, s: int) -> int:
+    """One layer of latent attention's forward FLOPs for `tokens` (model.mla's einsums)."""
+    d, h, cq, ck, r = (cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank,
+                       cfg.qk_rope_dim)
+    qk, nope, vd = cfg.qk_dim, cfg.qk_nope_dim, cfg.v_dim
+    queries = 2 * tokens * (d * cq + cq * h * qk) if cq else 2 * tokens * d * h * qk
+    return (queries
+            + 2 * tokens * d * (ck + r)  # the kv latent and the shared key: btd,dr->btr
+            + 2 * tokens * ck * h * nope  # k's heads: btr,rhk->bthk
+            + 2 * tokens * ck * h * vd  # v's heads
+            + 2 * tokens * h * s * qk  # scores over nope + rope
+            + 2 * tokens * h * s * vd  # weights @ v
+            + 2 * tokens * h * vd * d)  # Wo
 
 
 def _mlp_count(cfg: ModelConfig, tokens: int) -> int:

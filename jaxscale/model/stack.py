@@ -15,6 +15,11 @@ with experts, written out one after another inside the loop body:
     dense MLP        [L - L/n, ...]  -> [L/n, n - 1, ...]
     experts          [L/n, ...]         (one per group)
 
+DeepSeek's first dense blocks (ModelConfig.first_dense = k) make the other split: the
+first k blocks hold the dense MLP, kept apart under `dense` ([k, ...] each), the rest the
+experts ([L - k, ...]). The scan then runs twice, over the first k blocks and over the
+others, each a stack of alike blocks.
+
 Nothing else in the model knows the difference: `block` sees one block's parameters,
 with the dense MLP's or with `experts`, as it does without interleaving.
 """
@@ -25,6 +30,7 @@ from jax import lax
 
 DENSE_MLP = ("w1", "w2", "w3", "b1", "b2", "b3")  # a dense block's own entries
 EXPERTS = "experts"
+DENSE = "dense"  # the first blocks' dense MLP (first_dense), apart from the rest
 SILENT = ("wo", "bo", "w2", "b2")  # zeroed, they make a pre-norm block the identity
 SILENT_EXPERTS = ("w2", "shared_w2")  # (the experts' output projections)
 
@@ -42,9 +48,27 @@ def interleave(blocks: dict) -> int:
     return depth(blocks) // blocks[EXPERTS]["router"].shape[0]
 
 
+def runs(blocks: dict) -> list[dict]:
+    """The stack as the runs of alike blocks it holds, in order: itself, or (first_dense)
+    the first blocks with their dense MLP, then the rest with the experts."""
+    if DENSE not in blocks:
+        return [blocks]
+    k = blocks[DENSE]["w1"].shape[0]
+    own = {key: v for key, v in blocks.items() if key not in (DENSE, EXPERTS)}
+    head = {**jax.tree.map(lambda a: a[:k], own), **blocks[DENSE]}
+    if EXPERTS not in blocks:  # a cut inside the dense blocks (`first`)
+        return [head]
+    return [head, {**jax.tree.map(lambda a: a[k:], own), EXPERTS: blocks[EXPERTS]}]
+
+
 def scan(layer, x, blocks: dict, unroll=1):
     """lax.scan of `layer` ((x, one block's parameters) -> (x, statistics)) over the stack;
-    by groups of n blocks when interleaved (the statistics: each group's expert block's)."""
+    by groups of n blocks when interleaved (the statistics: each group's expert block's);
+    run after run when the first blocks are dense (the statistics: the last run's)."""
+    if DENSE in blocks:
+        for run in runs(blocks):
+            x, stats = scan(layer, x, run, unroll)
+        return x, stats
     n = interleave(blocks)
     if n == 1:
         return lax.scan(layer, x, blocks, unroll=unroll)
@@ -78,6 +102,14 @@ def _block(group: dict, i: int, n: int) -> dict:
 
 def first(blocks: dict, n_blocks: int) -> dict:
     """The stack of the first `n_blocks` blocks (interleaved: whole groups of them)."""
+    if DENSE in blocks:
+        k = blocks[DENSE]["w1"].shape[0]
+        cut = {key: jax.tree.map(lambda a: a[:n_blocks], v) for key, v in blocks.items()
+               if key not in (DENSE, EXPERTS)}
+        cut[DENSE] = jax.tree.map(lambda a: a[:min(n_blocks, k)], blocks[DENSE])
+        if n_blocks > k:
+            cut[EXPERTS] = jax.tree.map(lambda a: a[:n_blocks - k], blocks[EXPERTS])
+        return cut
     n = interleave(blocks)
     if n_blocks % n:
         raise ValueError(f"a cut of {n_blocks} blocks splits a group of {n} (moe_every)")
@@ -91,6 +123,9 @@ def silent(blocks: dict, zeros) -> dict:
     """The stack with every block the identity: each sub-layer's output projection (and
     its bias) replaced by zeros_like(it), the experts' included."""
     out = {**blocks, **{k: zeros(blocks[k]) for k in SILENT if k in blocks}}
+    if DENSE in blocks:
+        out[DENSE] = {**blocks[DENSE], **{k: zeros(blocks[DENSE][k]) for k in SILENT
+                                          if k in blocks[DENSE]}}
     if EXPERTS in blocks:
         out[EXPERTS] = {**blocks[EXPERTS], **{k: zeros(v) for k, v in blocks[EXPERTS].items()
                                               if k in SILENT_EXPERTS}}

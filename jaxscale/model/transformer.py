@@ -34,7 +34,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale import garden
-from jaxscale.model import attention as attentionlib, fp8, fp8_history, moe, stack
+from jaxscale.model import attention as attentionlib, fp8, fp8_history, mla, moe, stack
 from jaxscale.model.block import (COLLECTIVE, attention, block, block_with_stats,  # noqa: F401
                                   layer_norm, mlp, norm, rms_norm, tp_operators)
 from jaxscale.model.config import GPT2, Family, ModelConfig, ModelConfigError
@@ -93,7 +93,7 @@ class Blocks(nnx.Module):
         # the FP8 options live with the blocks' matmul recipe (the head's included): the
         # graph's static compute choices all sit here, where Transformer.__call__ reads them
         self.matmul, self.fp8_block, self.fp8_head = matmul, fp8_block, bool(fp8_head)
-        L, d, h, k, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
+        L, d, h, k = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim
         kv, bias = cfg.kv_heads, cfg.bias
         # k and v: "kv_heads" when fewer than the query heads (tp splits them only if it
         # divides them: jaxscale.parallel.hybrid.param_specs)
@@ -103,31 +103,48 @@ class Blocks(nnx.Module):
         residual = jax.nn.initializers.normal(cfg.init_std / math.sqrt(2 * L))
         norm_bias = bias and cfg.norm == "layernorm"
         self.ln1 = LayerNorm(d, (L,), norm_bias)
-        self.wq = _param(normal, rngs.params(), (L, d, h, k), ("layers", "embed", "heads", "head_dim"))
-        self.wk = _param(normal, rngs.params(), (L, d, kv, k), ("layers", "embed", kv_axis, "head_dim"))
-        self.wv = _param(normal, rngs.params(), (L, d, kv, k), ("layers", "embed", kv_axis, "head_dim"))
+        if cfg.kv_lora_rank:  # latent attention's projections (jaxscale.model.mla)
+            self.latent = mla.Latent(cfg, rngs)
+        else:
+            self.wq = _param(normal, rngs.params(), (L, d, h, k), ("layers", "embed", "heads", "head_dim"))
+            self.wk = _param(normal, rngs.params(), (L, d, kv, k), ("layers", "embed", kv_axis, "head_dim"))
+            self.wv = _param(normal, rngs.params(), (L, d, kv, k), ("layers", "embed", kv_axis, "head_dim"))
         if bias:
             self.bq = _zeros((L, h, k), ("layers", "heads", "head_dim"))
             self.bk = _zeros((L, kv, k), ("layers", kv_axis, "head_dim"))
             self.bv = _zeros((L, kv, k), ("layers", kv_axis, "head_dim"))
-        self.wo = _param(residual, rngs.params(), (L, h, k, d), ("layers", "heads", "head_dim", "embed"))
+        self.wo = _param(residual, rngs.params(), (L, h, cfg.v_dim, d), ("layers", "heads", "head_dim", "embed"))
         if bias:
             self.bo = _zeros((L, d), ("layers", "embed"))
         self.ln2 = LayerNorm(d, (L,), norm_bias)
         if cfg.n_experts:  # a mixture of experts in the MLP's place (jaxscale.model.moe)
             self.experts = moe.Experts(cfg, rngs)
-        if not (L := cfg.dense_layers):  # the blocks with the dense MLP (all but experts')
-            return
-        self.w1 = _param(normal, rngs.params(), (L, d, f), ("layers", "embed", "mlp"))
+        if cfg.first_dense:  # DeepSeek's first blocks keep the dense MLP (model.stack)
+            self.dense = DenseMLP()
+            _dense_mlp(self.dense, cfg, cfg.first_dense, rngs)
+        elif cfg.dense_layers:  # the blocks with the dense MLP (all but the experts')
+            _dense_mlp(self, cfg, cfg.dense_layers, rngs)
+
+
+class DenseMLP(nnx.Module):
+    """The first blocks' dense MLP, apart from the rest of the stack (first_dense)."""
+
+
+def _dense_mlp(into: nnx.Module, cfg: ModelConfig, L: int, rngs: nnx.Rngs) -> None:
+    """W1, W2 (SwiGLU: W3) and their biases if the model has them, for L blocks."""
+    d, f, bias = cfg.d_model, cfg.d_ff, cfg.bias
+    normal = jax.nn.initializers.normal(cfg.init_std)
+    residual = jax.nn.initializers.normal(cfg.init_std / math.sqrt(2 * cfg.n_layers))
+    into.w1 = _param(normal, rngs.params(), (L, d, f), ("layers", "embed", "mlp"))
+    if bias:
+        into.b1 = _zeros((L, f), ("layers", "mlp"))
+    into.w2 = _param(residual, rngs.params(), (L, f, d), ("layers", "mlp", "embed"))
+    if bias:
+        into.b2 = _zeros((L, d), ("layers", "embed"))
+    if cfg.mlp == "swiglu":  # the value half of the gated MLP
+        into.w3 = _param(normal, rngs.params(), (L, d, f), ("layers", "embed", "mlp"))
         if bias:
-            self.b1 = _zeros((L, f), ("layers", "mlp"))
-        self.w2 = _param(residual, rngs.params(), (L, f, d), ("layers", "mlp", "embed"))
-        if bias:
-            self.b2 = _zeros((L, d), ("layers", "embed"))
-        if cfg.mlp == "swiglu":  # the value half of the gated MLP
-            self.w3 = _param(normal, rngs.params(), (L, d, f), ("layers", "embed", "mlp"))
-            if bias:
-                self.b3 = _zeros((L, f), ("layers", "mlp"))
+            into.b3 = _zeros((L, f), ("layers", "mlp"))
 
 
 class Transformer(nnx.Module):

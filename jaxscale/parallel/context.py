@@ -122,8 +122,8 @@ class SequenceShard:
 
 
 def ring_attention(q, k, v, table, segments, axis: str, layout: str):
-    """(attention output, score pairs computed) for this device's q, k, v [B, t, H, K] (see
-    the module docstring). `table` [cp, t]: global positions of every device's tokens."""
+    """(attention output, score pairs computed) for this device's q, k [B, t, H, K] and
+    v [B, t, H, V] (V = K but for latent attention's values; see the module docstring). `table` [cp, t]: global positions of every device's tokens."""
     cp, t = table.shape
     me = lax.axis_index(axis)
     positions = jnp.asarray(table)
@@ -133,7 +133,7 @@ def ring_attention(q, k, v, table, segments, axis: str, layout: str):
 
     b, _, h, _ = q.shape
     acc = Online(jnp.full((b, h, t), -jnp.inf, jnp.float32), jnp.zeros((b, h, t), jnp.float32),
-                 jnp.zeros(q.shape, jnp.float32), jnp.float32(0))
+                 jnp.zeros((*q.shape[:3], v.shape[-1]), jnp.float32), jnp.float32(0))
     acc = jax.tree.map(lambda x: _vary_like(x, q), acc)
     qpos, qseg = positions[me], seg(me)
     ring = [(i, (i + 1) % cp) for i in range(cp)]

@@ -42,6 +42,7 @@ def check_experts(cfg: ModelConfig, plan) -> None:
     """Refuse expert parallelism without experts, an ep that does not divide them, and the
     layouts a mixture of experts does not run under yet (tp against each expert's width:
     `check_divisible`)."""
+    check_latent(cfg, plan)
     e = cfg.n_experts
     if not e:
         if plan.ep > 1:
@@ -60,13 +61,23 @@ def check_experts(cfg: ModelConfig, plan) -> None:
     later = [what for what, on in (
         (f"schedule {plan.schedule} (a split backward)", plan.schedule in SPLIT),
         ("ZeRO-3", plan.zero_stage == 3),
-        (f"moe_every={cfg.moe_every} (interleaved experts)", cfg.moe_every > 1)) if on]
+        (f"moe_every={cfg.moe_every} (interleaved experts)", cfg.moe_every > 1),
+        (f"first_dense={cfg.first_dense} (dense blocks first)", cfg.first_dense > 0)) if on]
     if later:
         raise PlanError(f"a mixture of experts in a pipeline (pp={plan.pp}) runs with the "
                         f"schedules whose backward is one action, ZeRO 0-2 and experts in "
                         f"every block, not yet with {' or '.join(later)}; choose from "
                         f"{', '.join(s for s in SCHEDULES if s not in SPLIT)}, zero<=2, "
                         "or pp=1")
+
+
+def check_latent(cfg: ModelConfig, plan) -> None:
+    """Refuse FP8 for latent attention (its products carry no amax histories yet)."""
+    if cfg.kv_lora_rank and plan.family(cfg).matmul != "native":
+        raise PlanError(f"latent attention (kv_lora_rank={cfg.kv_lora_rank}) runs with every "
+                        f"layout tested (dp, tp, sp, cp, ep, ZeRO), not yet with precision "
+                        f"{plan.precision}; use a precision "
+                        "without FP8")
 
 
 def check_divisible(cfg: ModelConfig, plan) -> None:

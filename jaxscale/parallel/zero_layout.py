@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from jaxscale.model import stack
 from jaxscale.parallel import layouts
 from jaxscale.parallel.axes import DP
 
@@ -138,8 +139,12 @@ class ZeroLayout(layouts.Replicated):
         all_gather returns a "varying" value, so its transpose in the backward pass is a
         psum_scatter: the gradient of a slice is the sum over devices of that slice.
         """
-        # (a block's own entries: interleaved blocks hold the dense MLP's or the experts)
-        shapes = {name: (self.shapes[STACKED] if layer else self.shapes)[name] for name in unit}
+        # (a block's own entries: interleaved blocks hold the dense MLP's or the experts;
+        # the first dense blocks' MLP comes out of its own entry, stack.DENSE)
+        table = self.shapes
+        if layer:
+            table = {**self.shapes[STACKED], **self.shapes[STACKED].get(stack.DENSE, {})}
+        shapes = {name: table[name] for name in unit}
 
         def whole(s, shape):
             dims = shape.shape[1:] if layer else shape.shape

@@ -13,7 +13,7 @@ from jaxscale.model import config as model_config
 
 # --- model FLOPs -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["tiny", "small", "tiny-llama", "tiny-moe"])
+@pytest.mark.parametrize("name", ["tiny", "small", "tiny-llama", "tiny-moe", "tiny-deepseek"])
 def test_formula_matches_the_hand_count_of_every_matmul(name):
     cfg = model_config.preset(name)
     for batch, seq in [(1, cfg.seq_len), (4, cfg.seq_len), (3, 16)]:

@@ -1,0 +1,133 @@
+"""Multi-head latent attention and DeepSeek's shapes (jaxscale.model.mla): the layer against
+its absorbed form (what inference computes from the cached latent), the fused kernel's
+padded values, the published parameter counts, the cost model's count and FLOPs against
+the model's, and the dense first blocks of the stack."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxscale.cli import calculator_args
+from jaxscale.costmodel import steptime
+from jaxscale.model import config as model_config, flops, mla, rope, stack
+from jaxscale.model import transformer as modellib
+from jaxscale.model.config import ModelConfig, ModelConfigError
+
+
+def _blocks(cfg):
+    return nnx.to_pure_dict(nnx.state(modellib.build(cfg).blocks, nnx.Param))
+
+
+def _layer0():
+    cfg = model_config.preset("tiny-deepseek")
+    blocks = _blocks(cfg)
+    x = jax.random.normal(jax.random.key(1), (2, 16, cfg.d_model), jnp.float32)
+    return cfg, jax.tree.map(lambda a: a[0], blocks), x
+
+
+def _absorbed(p, wo, x, cfg):
+    """The same attention in float64, keys never built per head: each head's query is taken
+    into the latent space (q_nope W_kb^T), scored against the cached latent c_kv and the
+    shared rotated key, and the weighted latent is expanded by W_vb only at the end."""
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    lat, pos = p[mla.LATENT], jnp.arange(x.shape[1])
+    nope, ck = cfg.qk_nope_dim, cfg.kv_lora_rank
+    q = f64(mla.queries(lat, x, cfg.family))
+    q_rope = f64(rope.rotate(jnp.asarray(q[..., nope:], jnp.float32), pos, cfg.rope_theta))
+    latent = f64(x) @ f64(lat["wkv_a"])
+    c = latent[..., :ck]
+    c = c / np.sqrt(np.mean(c ** 2, -1, keepdims=True) + cfg.norm_eps) * f64(lat["kv_norm"]["scale"])
+    k_rope = f64(rope.rotate(jnp.asarray(latent[..., None, ck:], jnp.float32), pos,
+                                 cfg.rope_theta))[:, :, 0]
+    q_latent = np.einsum("bthk,rhk->bthr", q[..., :nope], f64(lat["wk_b"]))
+    scores = (np.einsum("bthr,bsr->bhts", q_latent, c)
+              + np.einsum("bthk,bsk->bhts", q_rope, k_rope)) / math.sqrt(cfg.qk_dim)
+    t = x.shape[1]
+    scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    context = np.einsum("bhts,bsr->bthr", w, c)  # the weighted latent, per head
+    return np.einsum("bthr,rhv,hvd->btd", context, f64(lat["wv_b"]), f64(wo))
+
+
+def test_latent_attention_equals_its_absorbed_form():
+    """The layer builds every head's k and v; its absorbed form never does. Equal within
+    2e-6 of the output's largest entry (fp32 against fp64: three matmuls deep)."""
+    cfg, p, x = _layer0()
+    ours = mla.attention(p[mla.LATENT], p["wo"], x, jnp.arange(x.shape[1]), lambda y: y,
+                         family=cfg.family)
+    want = _absorbed(p, p["wo"], x, cfg)
+    assert np.abs(np.asarray(ours, np.float64) - want).max() <= 2e-6 * np.abs(want).max()
+
+
+def test_the_fused_kernel_takes_values_padded_to_the_keys_width():
+    """xla's kernel needs v as wide as k: padded with zeros, the output equals einsum's
+    within 1e-6 of its largest entry (the two kernels' sums run in other orders)."""
+    cfg, p, x = _layer0()
+    run = lambda kernel: mla.attention(p[mla.LATENT], p["wo"], x, jnp.arange(16),  # noqa: E731
+                                       lambda y: y, kernel, family=cfg.family)
+    einsum, xla = np.asarray(run("einsum")), np.asarray(run("xla"))
+    assert np.abs(einsum - xla).max() <= 1e-6 * np.abs(einsum).max()
+
+
+def test_deepseek_counts_are_the_published_ones():
+    """DeepSeek-V3: 671B parameters (the paper and model card, the multi-token-prediction
+    module apart), 37B active; V2-Lite: 15.7B. The closed form equals the built model's
+    count exactly; the active count is the paper's without the input embedding (a lookup,
+    no matmul): 36.63B -> 37B (with it, 37.55B)."""
+    v3 = model_config.preset("deepseek-v3")
+    total = model_config.param_count(v3)
+    assert total == modellib.count_params(modellib.abstract(v3)) == 671_026_404_352
+    assert round(total / 1e9) == 671
+    assert round((model_config.param_count(v3, active=True) - v3.vocab_size * v3.d_model)
+                 / 1e9) == 37
+    lite = model_config.preset("deepseek-v2-lite")
+    assert model_config.param_count(lite) == modellib.count_params(modellib.abstract(lite))
+    assert round(model_config.param_count(lite) / 1e8) == 157
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek", "deepseek-v2-lite", "deepseek-v3"])
+def test_the_cost_model_reads_the_latent_shape(name):
+    """The calculators' shape (costmodel.shape) of a DeepSeek preset: its matmul weights
+    are the model's count less the norms' scales (2 per block and the final one, plus the
+    two latent norms per block), its model FLOPs per token those of model.flops."""
+    cfg = model_config.preset(name)
+    fields = dict.fromkeys(("layers", "hidden", "heads", "ffn", "kv_heads", "vocab", "seq"))
+    args = type("Args", (), dict(model=name, swiglu=False, **fields))()
+    shape = calculator_args.transformer(calculator_args.model_shape(args, 2048))
+    norms = cfg.n_layers * (2 * cfg.d_model + cfg.q_lora_rank + cfg.kv_lora_rank) + cfg.d_model
+    assert shape.params() == model_config.param_count(cfg) - norms
+    assert steptime.flops_per_token(shape)["model"] == flops.model_flops_per_token(cfg).total
+
+
+def test_the_dense_first_blocks_scan_apart_and_cut():
+    """tiny-deepseek's first block keeps the dense MLP (stack.DENSE), the other two hold the
+    experts: the scan runs the two runs in order, and a cut after 1 or 2 blocks keeps
+    exactly their entries (compare's divergence search cuts the stack this way)."""
+    cfg = model_config.preset("tiny-deepseek")
+    blocks = _blocks(cfg)
+    assert blocks[stack.DENSE]["w1"].shape[0] == 1 and blocks["experts"]["router"].shape[0] == 2
+    first, rest = stack.runs(blocks)
+    assert "experts" not in first and first["ln1"]["scale"].shape[0] == 1
+    assert "w1" not in rest and rest["ln1"]["scale"].shape[0] == 2
+    one, two = stack.first(blocks, 1), stack.first(blocks, 2)
+    assert "experts" not in one and len(stack.runs(one)) == 1
+    assert two["experts"]["router"].shape[0] == 1 and two["ln1"]["scale"].shape[0] == 2
+    seen = []
+    stack.scan(lambda h, p: (seen.append("experts" in p) or h, {}), jnp.zeros(()), blocks)
+    assert seen == [False, True]  # each run's body traced once: dense, then experts
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(kv_lora_rank=16, qk_rope_dim=4, v_head_dim=8), "needs position 'rope'"),
+    (dict(qk_rope_dim=4), "configure latent attention; set kv_lora_rank > 0"),
+    (dict(n_experts=4, first_dense=2), "first_dense=2 dense blocks must leave experts"),
+    (dict(first_dense=1), "first_dense=1 configure experts, but the model has none"),
+], ids=["learned-positions", "no-latent", "all-dense", "no-experts"])
+def test_bad_latent_and_dense_options_are_named(change, words):
+    with pytest.raises(ModelConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        ModelConfig(vocab_size=8, seq_len=8, d_model=8, n_layers=2, n_heads=2, d_ff=8,
+                    **change)
