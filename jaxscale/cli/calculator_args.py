@@ -51,7 +51,9 @@ def preset_summary(name: str) -> str:
     family = (f", {c.kv_heads} kv heads" if c.kv_heads != c.n_heads else "") + (
         ", Llama blocks" if c.family.position == "rope" else "") + (
         f", {c.n_experts} experts top-{c.top_k}" if c.n_experts else "") + (
-        f" in 1 of every {c.moe_every} blocks" if c.moe_every > 1 else "")
+        f" in 1 of every {c.moe_every} blocks" if c.moe_every > 1 else "") + (
+        f" after {c.first_dense} dense blocks" if c.first_dense else "") + (
+        f", latent attention (kv latent {c.kv_lora_rank})" if c.kv_lora_rank else "")
     return (f"{name} ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} heads{family}, "
             f"d_ff {c.d_ff}, vocab {c.vocab_size}, seq {c.seq_len}; {count} parameters)")
 

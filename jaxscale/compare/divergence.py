@@ -23,7 +23,6 @@ tested (tests/compare/test_divergence.py).
 """
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import numpy as np
@@ -173,7 +172,7 @@ def _loss(plan, cfg, params, batch, devices, blocks: int, silent: bool) -> float
     cut = stack.first(params["blocks"], blocks)
     if silent:
         cut = stack.silent(cut, lambda v: jax.tree.map(np.zeros_like, v))
-    init, step = build_train_step(dataclasses.replace(cfg, n_layers=blocks), plan,
+    init, step = build_train_step(cfg.first_blocks(blocks), plan,
                                   optax.sgd(0.0), devices[:plan.n_devices])
     _, metrics = step(init({**params, "blocks": cut}), batch)
     return float(metrics["loss"])

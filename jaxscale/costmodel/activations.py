@@ -53,8 +53,10 @@ def _check(**values) -> None:
 
 def terms(shape: Transformer, dropout: bool = True) -> list[tuple[str, float, str]]:
     """One layer's kept tensors in bytes per token (whole micro-batch: x s b), with how they
-    split: 'replicated' (whole on every tp device, split by sequence parallelism), 'split'
-    (by tp), 'maps' (the attention maps, a x s_keys per token, split by tp)."""
+    split: 'replicated' (whole on every tp device, split by sequence parallelism), 'whole'
+    (whole on every tp device either way: latent attention's latents, computed from the
+    sequence sp gathers; counted with 'replicated'), 'split' (by tp), 'maps' (the attention
+    maps, a x s_keys per token, split by tp)."""
     h, f, kv, a = shape.hidden, shape.f, shape.kv_hidden, shape.heads
     qk, out = shape.columns  # (h, h) but for latent attention
     mask = 1 if dropout else 0
@@ -65,7 +67,7 @@ def terms(shape: Transformer, dropout: bool = True) -> list[tuple[str, float, st
     rows = [
         ("layernorm 1 input", 2 * h, "replicated"),
         ("q k v input", 2 * h, "replicated"),
-        ("latent attention's latents", latents, "replicated"),
+        ("latent attention's latents", latents, "whole"),
         ("q", 2 * qk, "split"),
         ("k and v", 2 * (qk + out) if shape.latent else 2 * 2 * kv, "split"),
         ("softmax output", 2 * a, "maps"),
@@ -104,10 +106,10 @@ def per_layer(shape: Transformer, micro_batch: int = 1, tp: int = 1,
     if recompute == "full":
         layer_input = 2 * shape.hidden * tokens / rep_div
         return {"replicated": layer_input, "split": 0.0, "maps": 0.0, "total": layer_input}
-    sums = {"replicated": 0.0, "split": 0.0, "maps": 0.0}
+    sums = {"replicated": 0.0, "whole": 0.0, "split": 0.0, "maps": 0.0}
     for _, per_token, kind in terms(shape, dropout):
         sums[kind] += per_token
-    out = {"replicated": sums["replicated"] * tokens / rep_div,
+    out = {"replicated": sums["replicated"] * tokens / rep_div + sums["whole"] * tokens,
            "split": sums["split"] * tokens / tp,
            "maps": sums["maps"] * tokens * shape.seq / tp}  # each query meets all s keys
     if flash_attention or recompute == "selective":

@@ -23,8 +23,12 @@ that change the counts of today's open models:
 
 Parameters: L (2h^2 + 2 h h_kv + n_mlp h f) + V h (2 V h untied), n_mlp = 2 (3 with
 SwiGLU), h_kv = kv_heads x h / heads; with E experts (and S shared) the MLP term of a block
-that holds them is (E + S) n_mlp h f + h E, and of the others (moe_every > 1) n_mlp h
-dense_ffn; biases, LayerNorms and learned positions left out (< 0.1% of any model here).
+that holds them is (E + S) n_mlp h f + h E, and of the others (moe_every > 1 or
+first_dense) n_mlp h dense_ffn; latent attention's weights replace 2h^2 + 2 h h_kv
+(`attention_params`); biases, norms and learned positions left out (< 0.1% of any model
+here). Latent attention's down-projections are whole on every tp device but counted here
+as split with the rest (DeepSeek-V3: 0.92B of 671B, 0.14%), and their gradients'
+all-reduce over tp is not charged to the step time (compare.predict counts it).
 """
 from __future__ import annotations
 
@@ -128,7 +132,7 @@ class Transformer:
 
     def layer_params(self, active: bool = False) -> int:
         """Matmul weights of one block (with experts, a block that holds them): Wq, Wo (h x
-        h), Wk, Wv (h x h_kv), the MLP's (with experts: every expert's, or the top_k a
+        h), Wk, Wv (h x h_kv) or latent attention's, the MLP's (with experts: every expert's, or the top_k a
         token uses when `active`, and the router)."""
         h = self.hidden
         mlps = (self.top_k if active else self.experts) + self.shared if self.experts else 1
@@ -136,7 +140,7 @@ class Transformer:
         return self.attention_params() + mlps * self.mlp_matrices * h * self.f + router
 
     def dense_layer_params(self) -> int:
-        """Matmul weights of a block with the dense MLP (interleaved with experts)."""
+        """Matmul weights of a block with the dense MLP (beside the experts' blocks)."""
         h, f = self.hidden, self.dense_ffn or self.f
         return self.attention_params() + self.mlp_matrices * h * f
 

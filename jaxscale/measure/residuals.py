@@ -84,14 +84,16 @@ def block_residuals(cfg, plan, batch_size: int) -> dict:
 
 def _kinds(cfg, weights: dict) -> dict:
     """The kinds of block in the stack, each with its weights and how many there are:
-    one, or with interleaved experts (moe_every > 1) the dense blocks and the expert
-    blocks (jaxscale.model.stack)."""
+    one, or with interleaved experts (moe_every > 1) or dense first blocks (first_dense)
+    the dense blocks and the expert blocks (jaxscale.model.stack)."""
     if cfg.moe_layers in (0, cfg.n_layers):
         return {"": (weights, cfg.n_layers)}
-    return {"a dense block": ({k: v for k, v in weights.items() if k != stack.EXPERTS},
-                              cfg.dense_layers),
-            "an expert block": ({k: v for k, v in weights.items() if k not in stack.DENSE_MLP},
-                                cfg.moe_layers)}
+    apart = (stack.EXPERTS, stack.DENSE)
+    dense = {**{k: v for k, v in weights.items() if k not in apart},
+             **weights.get(stack.DENSE, {})}
+    return {"a dense block": (dense, cfg.dense_layers),
+            "an expert block": ({k: v for k, v in weights.items()
+                                 if k not in (*stack.DENSE_MLP, stack.DENSE)}, cfg.moe_layers)}
 
 
 def _held(cfg, plan, per_layer: int, stage_input: int) -> dict:

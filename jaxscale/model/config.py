@@ -1,11 +1,14 @@
-"""The model's shape (`ModelConfig`), the named presets, and its closed-form parameter count.
+"""The model's shape (`ModelConfig`) and the named presets (its checks: model.config_checks;
+its closed-form parameter count: model.counts).
 
 Plain data: building the model from a config is `model.transformer`'s job. One model, two
 families: GPT-2's blocks (LayerNorm with biases, GELU MLP, learned positions, the output
 head tied to the embedding), the garden presets' default, and Llama's (RMSNorm, SwiGLU MLP,
 rotary positions, grouped-query attention, an untied head, no biases). Each difference is
 its own field, so any mix is a model too. A mixture of experts (`n_experts` > 0) puts
-routed experts in the MLP's place of every block, or every `moe_every`-th (model.moe).
+routed experts in the MLP's place of every block, or every `moe_every`-th, or all but the
+`first_dense` first (model.moe); DeepSeek's latent attention (`kv_lora_rank` > 0) takes
+the place of q, k and v's projections (model.mla).
 """
 from __future__ import annotations
 
@@ -99,6 +102,14 @@ class ModelConfig:
         config_checks.experts(self)
         config_checks.latent(self)
 
+    def first_blocks(self, n: int) -> "ModelConfig":
+        """The model of the first n blocks (stack.first cuts its parameters): inside the
+        dense first blocks, a dense model with no experts."""
+        if n > self.first_dense:
+            return dataclasses.replace(self, n_layers=n)
+        return dataclasses.replace(self, n_layers=n, n_experts=0,
+                                   **{k: MOE_DEFAULTS[k] for k in MOE_OPTIONS})
+
     @property
     def expert_d_ff(self) -> int:
         """Each expert's hidden width (the dense MLP's when moe_d_ff is 0)."""
@@ -147,6 +158,8 @@ class ModelConfig:
                       router_weights=(self.router_aux_weight, self.router_z_weight))
 
 
+MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                if f.name in MOE_OPTIONS}
 CHOICES = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"),
            "position": ("learned", "rope")}
 

@@ -24,7 +24,7 @@ def latent(cfg) -> None:
     if not cfg.kv_lora_rank:
         if any(dims.values()):
             raise ModelConfigError(f"{dims} configure latent attention; set "
-                                   "kv_lora_rank > 0 (e.g. the tiny-mla preset)")
+                                   "kv_lora_rank > 0 (e.g. the tiny-deepseek preset)")
         return
     if min(dims.values()) < 0 or not (cfg.qk_rope_dim > 0 and cfg.v_head_dim > 0):
         raise ModelConfigError(f"latent attention needs qk_rope_dim and v_head_dim > 0 "

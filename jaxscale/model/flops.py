@@ -14,6 +14,9 @@ gradient of the activations, one for the gradient of the weights): 6N per token.
              softmax are elementwise: none of them is counted.
   attention  12 L s d per token. Forward, per layer and token: the query meets s keys
              (q k^T, 2 s d) and s values (weights @ v, 2 s d); times 3 with backward.
+             Latent attention (model.mla): 6 L s heads (qk_dim + v_dim), its q.k and its
+             values of their own widths; its N counts the latents' down-projections and
+             the heads' up-projections in place of Wq, Wk, Wv (model.counts).
              Counted non-causal, all s x s scores, as PaLM (appendix B) and MaxText do;
              the causal mask leaves half of them useful (`attention_causal`).
 
@@ -86,19 +89,20 @@ def recompute_flops_per_token(cfg: ModelConfig, remat: str, seq_len: int | None 
 
       none     0: every activation backward needs is kept.
       full     one more forward of the blocks (each block's input is kept, the rest
-               recomputed): 2 N_blocks + 4 L s d attention. The head is not checkpointed.
+               recomputed): 2 N_blocks + 4 L s d attention (latent attention: 2 L s
+               heads (qk_dim + v_dim), as everywhere below). The head is not checkpointed.
       matmuls  0 matmul FLOPs: the dot outputs are kept (dots_saveable); only elementwise
                work (LayerNorm, GELU, softmax) is recomputed, and that is never counted.
       selective  the attention core again (q k^T and softmax(.) v, the batched matmuls
                that dots_with_no_batch_dims_saveable drops): 4 L s d.
     """
     check_compute(remat)
-    s = cfg.seq_len if seq_len is None else seq_len
+    core = model_flops_per_token(cfg, seq_len).attention // 3  # the cores' forward
     if remat == "selective":
-        return 4 * cfg.n_layers * s * cfg.d_model
+        return core
     if remat != "full":
         return 0
-    return 2 * block_matmul_params(cfg) + 4 * cfg.n_layers * s * cfg.d_model
+    return 2 * block_matmul_params(cfg) + core
 
 
 def hand_count(cfg: ModelConfig, batch: int, seq: int) -> int:

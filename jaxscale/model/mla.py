@@ -26,8 +26,9 @@ Tensor parallelism splits what is per head, as in plain attention: W_qb, W_kb, W
 their heads axis, Wo by its rows. The down-projections W_qa, W_kva and the two latent
 norms are replicated: every device computes the same latents from the same x. Their
 gradients are partial on each device (each saw only its heads' use of the latent) and
-shard_map sums them over tp, an all-reduce of the latent weights' gradients per step
-that plain attention does not have.
+shard_map sums them over tp: an all-reduce of the latent weights' gradients per layer and
+micro-batch, in backward, that plain attention does not have (under sequence parallelism
+they join the step's reduction instead; compare.predict counts both).
 
 The fused kernels (xla, cudnn) take values as wide as the keys: v is padded with zeros
 to nope + rope and the output's padding dropped (exact: zero columns of v give zero
@@ -101,7 +102,8 @@ def attention(p, wo, x, where, reduce, kernel: str = "einsum", seq=None,
                                                            shared.shape[-1]))], axis=-1)
     v = dot("btr,rhk->bthk", c, p["wv_b"])
     width = v.shape[-1]
-    if kernel != "einsum":  # the fused kernels take v as wide as k (zeros are exact)
+    # the fused kernels take v as wide as k (zeros are exact); the cp ring has its own
+    if kernel != "einsum" and getattr(seq, "cp", 1) == 1:
         if width > q.shape[-1]:
             raise attentionlib.KernelError(
                 f"the {kernel} kernel needs v_head_dim={width} <= qk_nope_dim + qk_rope_dim"

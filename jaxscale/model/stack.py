@@ -101,15 +101,16 @@ def _block(group: dict, i: int, n: int) -> dict:
 
 
 def first(blocks: dict, n_blocks: int) -> dict:
-    """The stack of the first `n_blocks` blocks (interleaved: whole groups of them)."""
-    if DENSE in blocks:
+    """The stack of the first `n_blocks` blocks (interleaved: whole groups of them), the
+    parameters of ModelConfig.first_blocks(n_blocks)."""
+    if DENSE in blocks:  # (a cut inside the dense blocks: a plain dense stack)
         k = blocks[DENSE]["w1"].shape[0]
         cut = {key: jax.tree.map(lambda a: a[:n_blocks], v) for key, v in blocks.items()
                if key not in (DENSE, EXPERTS)}
-        cut[DENSE] = jax.tree.map(lambda a: a[:min(n_blocks, k)], blocks[DENSE])
-        if n_blocks > k:
-            cut[EXPERTS] = jax.tree.map(lambda a: a[:n_blocks - k], blocks[EXPERTS])
-        return cut
+        if n_blocks <= k:
+            return {**cut, **jax.tree.map(lambda a: a[:n_blocks], blocks[DENSE])}
+        return {**cut, DENSE: blocks[DENSE],
+                EXPERTS: jax.tree.map(lambda a: a[:n_blocks - k], blocks[EXPERTS])}
     n = interleave(blocks)
     if n_blocks % n:
         raise ValueError(f"a cut of {n_blocks} blocks splits a group of {n} (moe_every)")

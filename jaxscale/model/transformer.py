@@ -4,15 +4,18 @@ Pre-norm blocks of one of two families (jaxscale.model.config): GPT-2's (token +
 position embeddings, LayerNorms, multi-head attention, a 4x GELU MLP, an output head tied
 to the token embedding: logits = h @ E^T, so the tiny preset stays close to the lectures'
 28,672 parameters) or Llama's (no position table but rotary positions in attention,
-RMSNorms, grouped-query attention, a SwiGLU MLP, no biases, an output head of its own).
+RMSNorms, grouped-query attention, a SwiGLU MLP, no biases, an output head of its own),
+with a mixture of experts in the MLP's place (model.moe) and DeepSeek's latent attention
+in q, k and v's (model.mla) as options of either.
 The block itself is jaxscale.model.block; this module holds the parameters and runs the
 units in order.
 
 The L blocks are not L modules: each block parameter is ONE array with a leading `layers`
 axis, and the forward pass runs `jax.lax.scan` over it. Pipeline parallelism later shards
 that axis across stages (jaxscale.parallel.pipeline); no second model is written. Every parameter carries logical axis
-names (`axes` metadata: vocab, embed, heads, head_dim, mlp, layers, position) that a
-sharding Plan maps onto mesh axes.
+names (`axes` metadata: vocab, embed, heads, kv_heads, head_dim, mlp, layers, position,
+experts, and latent attention's q_latent and kv_latent) that a sharding Plan maps onto
+mesh axes. (The first_dense blocks' MLP leads with first_dense, not L: model.stack.)
 
 Some choices change how the model computes, never which function it computes (each is a
 static attribute of the graph and a Plan field): `remat` (what backward recomputes),

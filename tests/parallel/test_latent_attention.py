@@ -5,6 +5,7 @@ and ZeRO-3 with ep and tp (the dense block's MLP gathered from its own entry).""
 import jax
 import pytest
 
+from jaxscale.compare import divergence
 from jaxscale.compare.predict import predict
 from jaxscale.measure import compare_trees, hlo
 from jaxscale.parallel.build import build_train_step
@@ -29,12 +30,13 @@ def test_latent_layouts_equal_one_device(plan):
     assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
 
 
-@pytest.mark.parametrize("plan", [*LAYOUTS.values(), dict(tp=2, sequence_parallel=True)],
-                         ids=[*LAYOUTS.keys(), "tp2-sp"])
+@pytest.mark.parametrize("plan", [*LAYOUTS.values(), dict(tp=2, sequence_parallel=True),
+                                  dict(tp=2, micro_batches=2), dict(cp=2, attention="xla")],
+                         ids=[*LAYOUTS.keys(), "tp2-sp", "tp2-m2", "cp2-xla"])
 def test_latent_bytes_are_predicted(plan):
     """compare.predict's bytes per collective equal the program's: with tp (no sp) the
-    latents' gradients all-reduced over tp per layer; under cp the ring's k (heads x
-    (nope + rope)) and v (heads x v_head_dim); the parameters per device with the latents
+    latents' gradients all-reduced over tp per layer and micro-batch; under cp the ring's k (heads x
+    (nope + rope)) and v (heads x v_head_dim), unpadded whatever the kernel; the parameters per device with the latents
     whole and the heads split."""
     cfg, params, batch = setup(MODEL)
     if plan in LAYOUTS.values():  # compiled and run above: only lowered again here
@@ -61,3 +63,14 @@ def test_latent_layouts_refused_by_name(plan, words):
     cfg = setup(MODEL)[0]
     with pytest.raises(PlanError, match=words.replace("(", r"\(").replace(")", r"\)")):
         build_train_step(cfg, Plan(**plan), KEEP_GRADIENT)
+
+
+def test_the_divergence_search_cuts_the_dense_blocks_apart():
+    """compare's divergence search runs a step on the model of the first n blocks: with all
+    3 its loss is the whole model's (one device, the same step), and a cut inside the dense
+    first block builds a dense model of one block (ModelConfig.first_blocks)."""
+    cfg, params, batch = setup(MODEL)
+    devices = jax.devices()
+    whole = divergence._loss(Plan(), cfg, params, batch, devices, 3, silent=False)
+    assert whole == one_step(MODEL)[1]
+    assert divergence._loss(Plan(), cfg, params, batch, devices, 1, silent=True) > 0
