@@ -88,9 +88,7 @@ def _kinds(cfg, weights: dict) -> dict:
     the dense blocks and the expert blocks (jaxscale.model.stack)."""
     if cfg.moe_layers in (0, cfg.n_layers):
         return {"": (weights, cfg.n_layers)}
-    apart = (stack.EXPERTS, stack.DENSE)
-    dense = {**{k: v for k, v in weights.items() if k not in apart},
-             **weights.get(stack.DENSE, {})}
+    dense = stack.flat({k: v for k, v in weights.items() if k != stack.EXPERTS})
     return {"a dense block": (dense, cfg.dense_layers),
             "an expert block": ({k: v for k, v in weights.items()
                                  if k not in (*stack.DENSE_MLP, stack.DENSE)}, cfg.moe_layers)}

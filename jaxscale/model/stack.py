@@ -48,13 +48,24 @@ def interleave(blocks: dict) -> int:
     return depth(blocks) // blocks[EXPERTS]["router"].shape[0]
 
 
+def flat(entries: dict) -> dict:
+    """A stack's (or one block's) entries with the dense first blocks' MLP in the place
+    every other dense block keeps it: what one of those blocks reads."""
+    return {**{k: v for k, v in entries.items() if k != DENSE}, **entries.get(DENSE, {})}
+
+
+def _per_block(blocks: dict) -> tuple[int, dict]:
+    """(the dense first blocks, the entries every block has) of a stack with DENSE."""
+    return (blocks[DENSE]["w1"].shape[0],
+            {key: v for key, v in blocks.items() if key not in (DENSE, EXPERTS)})
+
+
 def runs(blocks: dict) -> list[dict]:
     """The stack as the runs of alike blocks it holds, in order: itself, or (first_dense)
     the first blocks with their dense MLP, then the rest with the experts."""
     if DENSE not in blocks:
         return [blocks]
-    k = blocks[DENSE]["w1"].shape[0]
-    own = {key: v for key, v in blocks.items() if key not in (DENSE, EXPERTS)}
+    k, own = _per_block(blocks)
     head = {**jax.tree.map(lambda a: a[:k], own), **blocks[DENSE]}
     if EXPERTS not in blocks:  # a cut inside the dense blocks (`first`)
         return [head]
@@ -104,9 +115,8 @@ def first(blocks: dict, n_blocks: int) -> dict:
     """The stack of the first `n_blocks` blocks (interleaved: whole groups of them), the
     parameters of ModelConfig.first_blocks(n_blocks)."""
     if DENSE in blocks:  # (a cut inside the dense blocks: a plain dense stack)
-        k = blocks[DENSE]["w1"].shape[0]
-        cut = {key: jax.tree.map(lambda a: a[:n_blocks], v) for key, v in blocks.items()
-               if key not in (DENSE, EXPERTS)}
+        k, own = _per_block(blocks)
+        cut = jax.tree.map(lambda a: a[:n_blocks], own)
         if n_blocks <= k:
             return {**cut, **jax.tree.map(lambda a: a[:n_blocks], blocks[DENSE])}
         return {**cut, DENSE: blocks[DENSE],

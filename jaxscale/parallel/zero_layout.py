@@ -141,9 +141,7 @@ class ZeroLayout(layouts.Replicated):
         """
         # (a block's own entries: interleaved blocks hold the dense MLP's or the experts;
         # the first dense blocks' MLP comes out of its own entry, stack.DENSE)
-        table = self.shapes
-        if layer:
-            table = {**self.shapes[STACKED], **self.shapes[STACKED].get(stack.DENSE, {})}
+        table = stack.flat(self.shapes[STACKED]) if layer else self.shapes
         shapes = {name: table[name] for name in unit}
 
         def whole(s, shape):
