@@ -54,7 +54,7 @@ def make_docs(n: int, seed: int = 0) -> list[str]:
     """n documents of WORDS garden words: a stream of random garden documents cut into
     consecutive pieces; every tenth a near-copy of an earlier one, CHANGED words replaced
     (Jaccard about 0.8 to it)."""
-    from jaxscale.garden.language import sample_document
+    from jaxscale.garden.sampling import sample_document
     from jaxscale.garden.words import VOCAB
 
     rng = np.random.default_rng(seed)

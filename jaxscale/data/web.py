@@ -55,7 +55,7 @@ from jaxscale.data.shingles import jaccard, shingle_set
 from jaxscale.data.web_edits import near_duplicates
 from jaxscale.data.web_junk import JUNK_KINDS, junk_pages
 from jaxscale.data.web_pages import BODY_LINES, PageBuilder
-from jaxscale.garden.language import sample_document
+from jaxscale.garden.sampling import sample_document
 from jaxscale.garden.words import VOCAB, BOS_ID, EOS_ID, PAD_ID
 
 KINDS = ("original", "repost", "near_duplicate", "exact_copy", "junk", "contaminated")

@@ -20,11 +20,12 @@ from jaxscale.garden.corpus import (PACK_FROM, Batch, Corpus, corpus_for, make_b
                                     make_corpus, make_packed_corpus, pack, row_entropies)
 from jaxscale.garden.language import (END, State, entropy, max_document_tokens, next_words,
                                       population_entropy_floor, reachable_states,
-                                      sample_document, score_document)
+                                      score_document)
+from jaxscale.garden.sampling import sample_document, sample_documents
 from jaxscale.garden.words import BOS_ID, EOS_ID, PAD_ID, RARE_WORDS, VOCAB, WORD_ID
 
 __all__ = ["Batch", "Corpus", "make_batch", "make_corpus", "PACK_FROM", "corpus_for",
            "make_packed_corpus", "pack", "row_entropies", "END", "State", "entropy",
            "max_document_tokens", "next_words", "population_entropy_floor",
-           "reachable_states", "sample_document", "score_document", "BOS_ID", "EOS_ID",
-           "PAD_ID", "RARE_WORDS", "VOCAB", "WORD_ID"]
+           "reachable_states", "sample_document", "sample_documents", "score_document",
+           "BOS_ID", "EOS_ID", "PAD_ID", "RARE_WORDS", "VOCAB", "WORD_ID"]

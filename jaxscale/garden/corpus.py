@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxscale.garden.language import max_document_tokens, sample_document, score_document
+from jaxscale.garden.language import max_document_tokens, score_document
+from jaxscale.garden.sampling import sample_documents
 from jaxscale.garden.words import BOS_ID, PAD_ID
 
 
@@ -131,8 +132,7 @@ def make_corpus(seed: int = 0, n_train: int = 8192, n_val: int = 512,
     leaves the validation set (and its floor) unchanged.
     """
     train_rng, val_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    train = tuple(sample_document(train_rng) for _ in range(n_train))
-    val = tuple(sample_document(val_rng) for _ in range(n_val))
+    train, val = sample_documents(train_rng, n_train), sample_documents(val_rng, n_val)
     longest = max(len(d) for d in train + val)
     if longest > seq_len + 1:
         raise ValueError(f"seq_len={seq_len} is too short for a drawn document of {longest} "

@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from jaxscale.garden.words import (ACTION_PLANTS, ACTIONS, ANIMAL_ADJECTIVES, ANIMAL_VERBS,
-                                   ANIMALS, BOS_ID, EOS, FLOWERS, KINDS, MAX_SENTENCES,
+                                   ANIMALS, EOS, FLOWERS, KINDS, MAX_SENTENCES,
                                    P_COLOR, P_END, P_IT, P_PLANT_PLACE, P_SAME_ANIMAL,
                                    PLANT_COLORS, PLANT_PLACES, PLANT_VERBS, PLANTS,
                                    PREP_PLACES, SEASONS, VERB_PREPS, VOCAB, WATER_ANIMALS,
-                                   WEATHER, WEATHER_VERBS, WINTER_SLEEPERS, WORD_ID, normalize)
+                                   WEATHER, WEATHER_VERBS, WINTER_SLEEPERS, normalize)
 
 
 @dataclass(frozen=True)
@@ -190,26 +190,6 @@ def next_words(s: State) -> tuple[tuple[str, float, State], ...]:
 def entropy(s: State) -> float:
     """Entropy in nats of the true next-word distribution in state `s`."""
     return -sum(p * math.log(p) for _, p, _ in next_words(s))
-
-
-@functools.lru_cache(maxsize=None)
-def _sampler(s: State) -> tuple[np.ndarray, tuple[int, ...], tuple[State, ...]]:
-    options = next_words(s)
-    cum = np.cumsum([p for _, p, _ in options])
-    cum[-1] = 1.0
-    return cum, tuple(WORD_ID[w] for w, _, _ in options), tuple(n for _, _, n in options)
-
-
-def sample_document(rng: np.random.Generator) -> np.ndarray:
-    """One document as token ids: <bos> ... <eos>."""
-    ids, s = [BOS_ID], State()
-    while s is not END:
-        cum, words, nexts = _sampler(s)
-        k = int(np.searchsorted(cum, rng.random(), side="right"))
-        k = min(k, len(words) - 1)
-        ids.append(words[k])
-        s = nexts[k]
-    return np.asarray(ids, dtype=np.int32)
 
 
 def score_document(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -118,3 +118,16 @@ def test_floor_agrees_with_monte_carlo(corpus):
     r = sums.sum() / counts.sum()
     se = math.sqrt(((sums - r * counts) ** 2).sum()) / counts.sum()
     assert se < 0.01 and abs(r - population) < 3 * se, (r, population, se)
+
+
+@pytest.mark.parametrize("block", [7, 8192])  # many block ends inside documents; the default
+def test_sample_documents_draws_what_sample_document_draws(monkeypatch, block):
+    """The numbered walk with block draws gives the very documents of one draw per token,
+    across block boundaries (600 documents take about 12,000 draws)."""
+    from jaxscale.garden import sampling
+    monkeypatch.setattr(sampling, "DRAW_BLOCK", block)
+    one = np.random.default_rng(5)
+    expected = [g.sample_document(one) for _ in range(600)]
+    got = g.sample_documents(np.random.default_rng(5), 600)
+    assert sum(map(len, got)) > 8192 and len(got) == len(expected)
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(got, expected))
