@@ -63,6 +63,7 @@ from experiments._runner import log, run_experiment
 from jaxscale.costmodel import failures as F
 from jaxscale.report import print_table, pyplot, save_figure
 from jaxscale.model import config as model_config
+from jaxscale.runtime import launcher
 
 DEVICE_MTBF_H = 50_000
 SAVE_MIN = 10.0
@@ -270,10 +271,7 @@ def _child_env() -> dict:
     cache = env.get("JAXSCALE_CACHE_DIR") or jax.config.jax_compilation_cache_dir
     if cache:
         env["JAXSCALE_CACHE_DIR"] = cache
-    flags = [f for f in env.pop("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    if flags:
-        env["XLA_FLAGS"] = " ".join(flags)
+    env = launcher.without_device_count(env)
     env.update(PYTHONUNBUFFERED="1", JAXSCALE_DISTRIBUTED="off")
     return env
 

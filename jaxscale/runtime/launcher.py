@@ -2,7 +2,8 @@
 and end them all together (see `jaxscale launch`, whose command lives in cli/commands).
 
   children  child i is the ordinary CLI with its place in the job appended (`child_argv`),
-            with JAXSCALE_LAUNCHED=1, unbuffered output and no XLA_FLAGS (`child_env`). Each
+            with JAXSCALE_LAUNCHED=1, unbuffered output and XLA_FLAGS less a forced host
+            device count (`child_env`: jaxscale forces the devices itself). Each
             child leads its own process group: a terminal's Ctrl-C reaches the launcher
             alone (which passes it on once), and a signal to the group also reaches what the
             child started (compare's worker);
@@ -58,11 +59,22 @@ def child_argv(command, args, i, processes, devices_per_process, port, heartbeat
             "--heartbeat-timeout", str(heartbeat_s), "--shutdown-timeout", str(shutdown_s)]
 
 
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def without_device_count(environ) -> dict[str, str]:
+    """`environ` with XLA_FLAGS' forced host device count taken out (a process of jaxscale
+    forces its devices itself, with jax_num_cpu_devices, which the flag would contradict);
+    the other XLA flags (an optimization level, a dump folder) are kept."""
+    env = dict(environ)
+    flags = [f for f in env.pop("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG)]
+    return env | ({"XLA_FLAGS": " ".join(flags)} if flags else {})
+
+
 def child_env(environ=None) -> dict[str, str]:
-    """Our environment, without XLA_FLAGS (jaxscale forces devices itself), marked launched,
-    and with unbuffered output so process 0's lines appear as they are printed."""
-    env = {k: v for k, v in (os.environ if environ is None else environ).items()
-           if k != "XLA_FLAGS"}
+    """Our environment (`without_device_count`), marked launched, and with unbuffered
+    output so process 0's lines appear as they are printed."""
+    env = without_device_count(os.environ if environ is None else environ)
     return {**env, LAUNCHED_ENV: "1", "PYTHONUNBUFFERED": "1"}
 
 

@@ -220,6 +220,10 @@ def test_each_child_runs_the_cli_with_its_place_in_the_job(main, capsys, tmp_pat
 def test_the_children_environment_and_the_line_filter():
     env = launcher.child_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "HOME": "/h"})
     assert env == {"HOME": "/h", "JAXSCALE_LAUNCHED": "1", "PYTHONUNBUFFERED": "1"}
+    # the other flags reach the children (an optimization level, a dump folder)
+    env = launcher.child_env({"XLA_FLAGS": "--xla_dump_to=/d --xla_force_host_platform_"
+                                           "device_count=8 --xla_backend_optimization_level=1"})
+    assert env["XLA_FLAGS"] == "--xla_dump_to=/d --xla_backend_optimization_level=1"
     assert not launcher.shown(b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of "
                        b"connected peer ranks is : 1\n")
     assert launcher.shown(b"step 10  loss 2.31\n") and launcher.shown(b"  [Gloo] quoted\n")
