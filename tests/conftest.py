@@ -13,7 +13,9 @@ are skipped otherwise, with the reason shown by -ra.
 The suite writes nothing outside the repository (and pytest's tmp_path): compiled programs
 go to .cache/jax-tests/, also for the CLI run in-process or in a subprocess (its
 enable_compilation_cache reads JAXSCALE_CACHE_DIR), and matplotlib's font cache to
-.cache/matplotlib/. Both are set here, before anything imports JAX or matplotlib.
+.cache/matplotlib/. Both are set here, before anything imports JAX or matplotlib, as is
+XLA:CPU's optimization level (SUITE_XLA_FLAGS: the same numbers, less compile time;
+tests/runtime/test_xla_level.py holds it to that).
 """
 import os
 import subprocess
