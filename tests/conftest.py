@@ -13,9 +13,7 @@ are skipped otherwise, with the reason shown by -ra.
 The suite writes nothing outside the repository (and pytest's tmp_path): compiled programs
 go to .cache/jax-tests/, also for the CLI run in-process or in a subprocess (its
 enable_compilation_cache reads JAXSCALE_CACHE_DIR), and matplotlib's font cache to
-.cache/matplotlib/. Both are set here, before anything imports JAX or matplotlib, as is
-XLA:CPU's optimization level (SUITE_XLA_FLAGS: the same numbers, less compile time;
-tests/runtime/test_xla_level.py holds it to that).
+.cache/matplotlib/. Both are set here, before anything imports JAX or matplotlib.
 """
 import os
 import subprocess
@@ -39,16 +37,6 @@ os.environ["JAXSCALE_DISTRIBUTED"] = "off"  # run under SLURM or on a TPU VM: ne
 # the suite is started from: tests that read a table's cells must not see them folded (the
 # tests of narrow terminals set COLUMNS themselves). Child processes inherit it.
 os.environ["COLUMNS"] = "200"
-# XLA:CPU hands each kernel to LLVM at optimization level 1 here, not its default 3: the
-# suite's programs compute the same numbers bit for bit and compile in less time
-# (benchmarks/xla_opt_level.py measures both). Set in XLA_FLAGS, so that every process a
-# test starts compiles the same way; a forced host device count is taken out of the
-# flags a user ran pytest with (the devices are forced with jax_num_cpu_devices below).
-SUITE_XLA_FLAGS = "--xla_backend_optimization_level=1"
-os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split()
-     if not f.startswith(("--xla_force_host_platform_device_count",
-                          "--xla_backend_optimization_level"))] + [SUITE_XLA_FLAGS])
 
 import functools  # noqa: E402
 
@@ -167,7 +155,8 @@ def pytest_collection_modifyitems(config, items):
 
 def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 300):
     """Run `python -c code` in a fresh process (fresh JAX backend) from the repo root."""
-    full_env = {**os.environ, "JAXSCALE_CACHE_DIR": str(CACHE), **(env or {})}
+    full_env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    full_env.update({"JAXSCALE_CACHE_DIR": str(CACHE)}, **(env or {}))
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 

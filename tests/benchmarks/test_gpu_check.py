@@ -2,8 +2,8 @@
 budget skipping every step, the script's CPU dry run end to end, and mfu.py's quick run.
 
 The scripts run in subprocesses with this environment (JAXSCALE_CACHE_DIR: the suite's
-compilation cache, the suite's XLA_FLAGS) minus what conftest set up for its own 8 forced
-devices (PJRT_NPROC), with PYTHON pointing at this interpreter."""
+compilation cache) minus what conftest set up for its own 8 forced devices (XLA_FLAGS,
+PJRT_NPROC), with PYTHON pointing at this interpreter."""
 import json
 import os
 import subprocess
@@ -23,7 +23,7 @@ KEYS = {"benchmark", "dry_run", "date", "device", "versions", "machine", "steps"
 
 
 def script_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PJRT_NPROC"}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PJRT_NPROC")}
     env["PYTHON"] = sys.executable
     return env
 

@@ -17,7 +17,7 @@ TOLERANCE = 1e-5  # the experiment's stated bound; a looser one there must fail 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("multiprocess")
-    env = {k: v for k, v in os.environ.items() if k != "JAXSCALE_LAUNCHED"}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSCALE_LAUNCHED")}
     env["JAXSCALE_CACHE_DIR"] = str(CACHE)
     # the experiment bounds itself (--timeout) below our own bound, and kills its children
     proc = subprocess.Popen([sys.executable, "-m", "experiments.multiprocess", "--out",

@@ -23,7 +23,7 @@ TRAIN = [*BASE, "--steps", "30", "--eval-every", "3", "--stop-gap", "10", "--jso
 
 
 def _env():
-    env = {k: v for k, v in os.environ.items() if k != "JAXSCALE_LAUNCHED"}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSCALE_LAUNCHED")}
     return {**env, "JAXSCALE_CACHE_DIR": str(CACHE), "JAXSCALE_DISTRIBUTED": "off"}
 
 

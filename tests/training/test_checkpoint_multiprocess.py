@@ -19,7 +19,7 @@ RUN = ["train", "--model", "tiny", "--steps", "8", "--eval-every", "4", "--batch
 
 
 def _jaxscale(*args, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k != "JAXSCALE_LAUNCHED"}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSCALE_LAUNCHED")}
     env.update(JAXSCALE_CACHE_DIR=str(CACHE), JAXSCALE_DISTRIBUTED="off")
     proc = subprocess.run([sys.executable, "-m", "jaxscale", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -144,7 +144,7 @@ KILLS = 7  # 3 phases x sync/async once each, the first again from a resumed run
 
 
 def _jaxscale(args, env=None, **kw):
-    full = {k: v for k, v in os.environ.items() if k != crash.ENV}
+    full = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", crash.ENV)}
     full.update(JAXSCALE_CACHE_DIR=str(CACHE), **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "jaxscale", "train", *args], cwd=ROOT,
                             env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
