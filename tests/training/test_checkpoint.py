@@ -306,3 +306,21 @@ def test_checkpoint_ls(capsys, straight, tmp_path):
     assert all(r["bytes"] > 0 for r in rows)
     assert cli.main(["checkpoint", "ls", str(tmp_path / "ck")]) == 0
     assert "incomplete" in capsys.readouterr().out
+
+
+def test_a_small_replicated_tensor_is_saved_without_slicing_it(tmp_path):
+    """Orbax would cut a tensor held whole by 4 devices into 4 slices along a dimension 4
+    divides, one per replica, each an eager slice on its device (a program each, compiled
+    on first sight: 5 programs with the digests). Under tensors.REPLICA_SLICE_MIN_BYTES one
+    replica writes it whole: one program, the digests, and it reads back whole."""
+    from conftest import COMPILES
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("dp",))
+    x = jax.device_put(np.arange(8 * 41, dtype=np.float32).reshape(8, 41),  # a shape of its own
+                       NamedSharding(mesh, PartitionSpec()))
+    before = COMPILES["compile_requests"]  # programs compiled or loaded from the cache
+    with C.Checkpointer(C.CheckpointOptions(str(tmp_path), every=1)) as ckpt:
+        ckpt.save(1, {"x": x}, {})
+    assert COMPILES["compile_requests"] - before == 1
+    assert np.array_equal(tensors.read_canonical(tmp_path, 1)["x"], np.asarray(x))

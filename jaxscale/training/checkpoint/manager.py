@@ -43,7 +43,8 @@ from jaxscale.training.checkpoint.store import (DIGEST, FORMAT, TRASH, Checkpoin
     write_manifest)
 from jaxscale.training.checkpoint import crash
 from jaxscale.training.checkpoint.meta import versions
-from jaxscale.training.checkpoint.tensors import digest, flat_items, unflat_items
+from jaxscale.training.checkpoint.tensors import (digest, flat_items, unflat_items,
+    use_orbax_array_handler)
 from jaxscale.parallel.canonical import canonical_sharding
 from jaxscale.runtime.signals import interrupts_held
 
@@ -127,6 +128,7 @@ class Checkpointer:
         self.options, self.log = options, log or (lambda msg: None)
         self.directory = Path(options.directory).absolute()
         self._ocp = ocp
+        use_orbax_array_handler(ocp)  # small replicated tensors: no slice per replica
         self.manager = ocp.CheckpointManager(
             self.directory, item_names=("state", "meta"),
             options=ocp.CheckpointManagerOptions(
