@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,13 +49,35 @@ def pytest_figures(r: subprocess.CompletedProcess, what: str) -> dict:
             "reruns": int(r2.group(1)) if (r2 := re.search(r"(\d+) rerun", tail)) else 0}
 
 
+def compile_seconds(entry: Path) -> int | None:
+    """The compile time JAX stored in a persistent-cache entry, in whole seconds (JAX
+    truncates: 4.9 s is stored as 4): the entry is compressed (zstd where JAX found it,
+    else zlib), its first 4 bytes the seconds, big-endian. None if it cannot be read."""
+    data = entry.read_bytes()
+    try:
+        if data[:4] == b"\x28\xb5\x2f\xfd":  # a zstd frame
+            import zstandard
+            data = zstandard.ZstdDecompressor().decompress(data)
+        else:
+            data = zlib.decompress(data)
+    except (ImportError, zlib.error, ValueError):
+        return None
+    return int.from_bytes(data[:4], "big")
+
+
 def programs(clone: Path) -> dict:
-    """Distinct programs in the suite's cache, and what the pytest workers compiled."""
+    """Distinct programs in the suite's cache, what compiling each once would take (the
+    floor of the suite's compile time, from the seconds JAX stored, truncated), and what the
+    pytest workers compiled."""
     cache = clone / ".cache" / "jax-tests"
     entries = [p for p in cache.glob("*-cache")] if cache.exists() else []
+    seconds = [s for s in map(compile_seconds, entries) if s is not None]
     workers = [json.loads(p.read_text())
                for p in (clone / ".cache" / "suite-compiles").glob("*.json")]
     return {"distinct_programs": len(entries),
+            # every distinct program compiled once: at least this many CPU-seconds
+            "distinct_compile_s_at_least": sum(seconds),
+            "distinct_programs_over_1s": sum(s >= 1 for s in seconds),
             "distinct_train_steps": sum(p.name.startswith("jit_step-") for p in entries),
             "worker_compiles": sum(w["compiles"] for w in workers),
             "worker_cache_loads": sum(w["cache_hits"] for w in workers),
