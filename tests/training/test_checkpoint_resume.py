@@ -53,11 +53,15 @@ FP16 = replace(BASE, precision="fp16", micro_batches=2, warmup=6)
 
 
 def _config(strategy: str, base=BASE) -> TrainConfig:
+    """The run of `strategy` as compare lays it out on 8 devices (cp and sequence
+    parallelism included: until session 15 they were dropped, and "cp" ran on one device)."""
     plan = strategy_plan(strategy, 8, preset(base.model))
-    return replace(base, mesh=f"dp={plan.dp},pp={plan.pp},tp={plan.tp}",
-                   zero_stage=plan.zero_stage,
-                   micro_batches=max(plan.micro_batches, base.micro_batches),
-                   schedule=plan.schedule, virtual=plan.virtual)
+    cfg = replace(base, mesh=f"dp={plan.dp},pp={plan.pp},tp={plan.tp},cp={plan.cp}",
+                  zero_stage=plan.zero_stage, sequence_parallel=plan.sequence_parallel,
+                  micro_batches=max(plan.micro_batches, base.micro_batches),
+                  schedule=plan.schedule, virtual=plan.virtual)
+    assert cfg.plan().layout() == replace(plan, micro_batches=cfg.micro_batches).layout()
+    return cfg
 
 
 # fp8-delayed's amax histories are state too (two steps long: full, and rolled, at the
