@@ -9,7 +9,8 @@ An op inside a loop body runs once per iteration: a `lax.scan` over L layers is 
 `while` whose body holds one layer's collectives. `collectives` follows the call graph from
 the entry computation and gives each op the number of times it runs per step (`times`):
 the product of the trip counts of the while loops around it, read from each loop's
-condition (`i < N`, as JAX lowers scan and fori_loop).
+condition (`i < N`, as JAX lowers scan and fori_loop). The text itself is read by
+jaxscale.measure.hlo_parse (an optimized program's async pairs are counted at -start).
 """
 from __future__ import annotations
 
@@ -18,15 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute",
-                  "all-to-all")
+from jaxscale.measure import hlo_parse
+from jaxscale.measure.hlo_parse import COLLECTIVE_OPS  # noqa: F401 - part of this API
+
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
                "f8e4m3fn": 1, "f8e5m2": 1}
-# the result type: one shape, or a tuple of them whose layouts may hold parentheses of
-# their own (XLA:TPU's tiles: bf16[8,128]{1,0:T(8,128)(2,1)})
-_LINE = re.compile(r"=\s*(?P<type>\((?:[^()]|\([^()]*\))*\)|\S+)\s+(?P<op>"
-                   + "|".join(COLLECTIVE_OPS) + r")(?:-start)?\(")
 _SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*[a-z0-9]*)\[(?P<dims>[\d,]*)\]")
 _PAIRS = re.compile(r"source_target_pairs=\{(?P<pairs>[\d,{}]*)\}")
 
@@ -42,72 +40,12 @@ class Collective:
     # () when the op has none (collective-permute), None for "every device"
     branch: int | None = None  # inside branch i of a conditional (lax.switch / cond)
 
-
-_CALLS = re.compile(r"\b(body|condition|to_apply|calls|true_computation|false_computation)"
-                    r"=%?(?P<name>[\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
-_TRIP = re.compile(r"constant\((?P<n>\d+)\)")
-_GROUPS = re.compile(r"replica_groups=\{(?P<groups>(?:\{[\d,]*\},?)*)\}")
-_IOTA = re.compile(r"replica_groups=\[(?P<groups>\d+),(?P<size>\d+)\]<=\[(?P<total>\d+)\]"
-                   r"(?P<transpose>T\([\d,]*\))?")
-
-
-def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
-    """{computation name: its instruction lines}, and the entry computation's name."""
-    comps, entry, current = {}, None, None
-    for line in hlo_text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{"):
-            head = line.split()
-            is_entry = head[0] == "ENTRY"
-            current = (head[1] if is_entry else head[0]).lstrip("%")
-            comps[current] = []
-            entry = current if is_entry else entry
-        elif current is not None and line.strip() == "}":
-            current = None
-        elif current is not None:
-            comps[current].append(line)
-    return comps, entry
-
-
-def _times_run(comps: dict[str, list[str]], entry: str) -> dict[tuple[str, int | None], int]:
-    """How many times each computation runs per run of `entry`, keyed by (computation,
-    the index of the conditional branch it runs under, or None): while bodies run trip
-    count times; each branch of a conditional as often as the conditional."""
-    times: dict[tuple[str, int | None], int] = {}
-
-    def visit(name: str, n: int, branch: int | None = None) -> None:
-        times[name, branch] = times.get((name, branch), 0) + n
-        for line in comps.get(name, ()):
-            calls = {m["name"]: m[1] for m in _CALLS.finditer(line)}
-            for b in _BRANCHES.finditer(line):
-                for i, c in enumerate(b["names"].split(",")):
-                    calls[c.strip().lstrip("%")] = i
-            trip = 1
-            if "condition" in calls.values():
-                cond = next(c for c, kind in calls.items() if kind == "condition")
-                trips = [int(m["n"]) for line_ in comps.get(cond, ()) for m in _TRIP.finditer(line_)]
-                trip = max(trips) if trips else 1
-            for callee, kind in calls.items():
-                visit(callee, n * trip if kind == "body" else n,
-                      kind if isinstance(kind, int) else branch)
-    visit(entry, 1)
-    return times
-
-
-def _replica_groups(line: str) -> tuple[tuple[int, ...], ...] | None:
-    """Replica groups of an HLO collective: explicit ({{0,1},{2,3}}), iota ([2,4]<=[8]:
-    2 groups of 4 consecutive devices), () when absent, None for "all devices" ({})."""
-    if (g := _GROUPS.search(line)) is not None:
-        groups = tuple(tuple(int(v) for v in grp.split(",") if v)
-                       for grp in re.findall(r"\{([\d,]*)\}", g["groups"]))
-        return groups or None
-    if (g := _IOTA.search(line)) is not None:
-        n_groups, size = int(g["groups"]), int(g["size"])
-        if g["transpose"] or n_groups * size != int(g["total"]):
-            raise ValueError(f"replica groups written as {g[0]!r} are not read here; "
-                             "only explicit lists and plain iota [groups,size]<=[n]")
-        return tuple(tuple(range(i * size, (i + 1) * size)) for i in range(n_groups))
-    return ()
+    @property
+    def tensor_bytes(self) -> int:
+        """Result bytes without the scalars (which a compiler may fold into a tuple op:
+        XLA:TPU merges the loss into the gradients' all-reduce)."""
+        return sum(DTYPE_BYTES[dt] * int(np.prod(dims, dtype=np.int64))
+                   for dt, dims in self.shapes if dims)
 
 
 def collectives(hlo_text: str, branch_share: dict[int, float] | None = None) -> list[Collective]:
@@ -118,28 +56,29 @@ def collectives(hlo_text: str, branch_share: dict[int, float] | None = None) -> 
     times `branch_share[i]` (the share of runs that take branch i) when it is given: the
     HLO cannot say which branch runs, the caller may (e.g. a pipeline's tick table).
     """
-    comps, entry = _computations(hlo_text)
-    runs = _times_run(comps, entry) if entry else {}
+    comps, entry = hlo_parse.computations(hlo_text)
+    runs = hlo_parse.times_run(comps, entry) if entry else {}
     lines = [(line, n, branch) for (name, branch), n in runs.items() for line in comps[name]
              if name in comps]
     if not comps:  # not a whole module: a bare list of instructions
         lines = [(line, 1, None) for line in hlo_text.splitlines()]
     found = []
     for line, times, branch in lines:
-        m = _LINE.search(line)
-        if not m or times == 0:
+        parsed = hlo_parse.collective_result(line)
+        if parsed is None or times == 0:
             continue
+        op, result = parsed
         shapes = tuple((s["dtype"], tuple(int(d) for d in s["dims"].split(",") if d))
-                       for s in _SHAPE.finditer(m["type"]))
+                       for s in _SHAPE.finditer(result))
         nbytes = sum(DTYPE_BYTES[dt] * int(np.prod(dims, dtype=np.int64)) for dt, dims in shapes)
         pairs = ()
         if (p := _PAIRS.search(line)) is not None:
             pairs = tuple(tuple(int(v) for v in pair.split(","))
                           for pair in re.findall(r"\{(\d+,\d+)\}", p["pairs"]))
-        groups = _replica_groups(line)
+        groups = hlo_parse.replica_groups(line)
         if branch is not None and branch_share is not None:
             times = times * branch_share.get(branch, 0.0)
-        found.append(Collective(m["op"], shapes, nbytes, pairs, times, groups, branch))
+        found.append(Collective(op, shapes, nbytes, pairs, times, groups, branch))
     return found
 
 
@@ -217,14 +156,36 @@ def ring_bytes_by_op(hlo_text: str, branch_share: dict[int, float] | None = None
         if c.groups is None and n_devices is None:
             raise ValueError(f"a {c.op} runs over every device; pass n_devices")
         g = n_devices if c.groups is None else (len(c.groups[0]) if c.groups else 1)
-        factor = {"all-reduce": 2 * (g - 1) / g, "all-gather": (g - 1) / g,
-                  "reduce-scatter": g - 1, "collective-permute": 1,
-                  "all-to-all": (g - 1) / g}[c.op]
+        factor = _ring_factor(c.op, g)
         if device_process is not None:
             factor *= _crossing_share(c, device_process)
         if factor:
             out[c.op] = out.get(c.op, 0.0) + factor * c.nbytes * c.times
     return out
+
+
+def ring_bytes_by_axis(hlo_text: str, mesh_axes: dict[str, int]) -> dict[str, dict[str, float]]:
+    """{"tp": {op: bytes one device sends per run}, "dp": ..., "pp+tp": ...}: ring_bytes_by_op
+    split by the mesh axes each collective runs over (see mesh_axes_of), the scalars left
+    out even inside a tuple: the figure to set beside compare.predict's "sent_by_axis"
+    for an optimized program, whose compiler merges and rewrites collectives."""
+    n = int(np.prod(list(mesh_axes.values())))
+    out: dict[str, dict[str, float]] = {}
+    for c in collectives(hlo_text):
+        g = group_size(c, n)
+        if not c.tensor_bytes or not c.times or g < 2:
+            continue
+        key = "+".join(mesh_axes_of(c, mesh_axes)) or "none"
+        ops = out.setdefault(key, {})
+        ops[c.op] = ops.get(c.op, 0.0) + _ring_factor(c.op, g) * c.tensor_bytes * c.times
+    return out
+
+
+def _ring_factor(op: str, g: int) -> float:
+    """Bytes one device sends per result byte when `op` runs as a ring over g devices."""
+    return {"all-reduce": 2 * (g - 1) / g, "all-gather": (g - 1) / g,
+            "reduce-scatter": g - 1, "collective-permute": 1,
+            "all-to-all": (g - 1) / g}[op]
 
 
 def _crossing_share(c: Collective, proc: list[int]) -> float:
