@@ -11,7 +11,7 @@ from flax import nnx
 
 from jaxscale import costmodel as cm
 from jaxscale.compare.strategies import CompareError
-from jaxscale.model import config as model_config, moe
+from jaxscale.model import config as model_config, formats, moe, precision
 from jaxscale.model import transformer as modellib
 from jaxscale.parallel.fits import splits_kv_heads
 from jaxscale.parallel.hybrid import param_specs
@@ -64,94 +64,141 @@ def _latent_parts(cfg: model_config.ModelConfig) -> tuple[int, int]:
     return model_config.attention_params(cfg) - whole, whole
 
 
+# remat policies that keep no collective's output: backward recomputes a layer's forward
+# and with it the collectives whose outputs the layer still needs ("selective" saves
+# them by name, jaxscale.model.block.COLLECTIVE, and repeats none)
+REPEATS_COLLECTIVES = ("full", "matmuls")
+
+
 def predictable(plan: Plan, cfg: model_config.ModelConfig | None = None) -> bool:
-    """Whether `predict` models the plan: fp32, no remat (full remat repeats tp's forward
-    all-reduces), ZeRO-3 outside a pipeline only with one micro-batch (its gathers repeat
-    per micro-batch; in a pipeline they are counted per tick). Every model is modelled,
-    a mixture of experts under every layout it runs (`cfg`, unused, is kept for callers
-    that pass it)."""
-    return (plan.remat == "none" and plan.precision == "fp32"
+    """Whether `predict` models the plan. Every precision but fp8-delayed (its amax
+    histories are reduced too) and every remat policy, except a pipeline under a policy
+    that recomputes collectives, a document mask whose ids would be gathered again, and
+    ZeRO-3 outside a pipeline with several micro-batches (its gathers repeat per
+    micro-batch; in a pipeline they are counted per tick). Every model is modelled, a
+    mixture of experts under every layout it runs."""
+    repeats = plan.remat in REPEATS_COLLECTIVES
+    return (plan.precision != "fp8-delayed"
+            and not (repeats and (plan.pp > 1 or (cfg is not None and cfg.document_mask)))
             and not (plan.zero_stage == 3 and plan.micro_batches > 1 and plan.pp == 1))
 
 
 def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, int]) -> dict:
-    """Predicted per-device model-state bytes and ring bytes sent per step (fp32, Adam);
-    "sent_by_axis" splits the bytes by the mesh axis each collective runs over.
+    """Predicted per-device model-state bytes and ring bytes sent per step (Adam);
+    "sent_by_axis" splits the bytes by the mesh axis each collective runs over. A 16-bit
+    policy sends its weights' width: half of fp32's bytes, but for the router's loads and
+    gradient (fp32 under every policy); a remat policy that recomputes collectives sends
+    a layer's again where backward needs their outputs (REPEATS_COLLECTIVES).
 
     Modelled: dp, tp, pp, cp, sequence_parallel, schedule, virtual, micro_batches,
     zero_stage, and ep for a mixture of experts; other plans are refused (see
     `predictable`)."""
     if not predictable(plan, cfg):
-        raise CompareError(f"the prediction covers fp32 plans without remat (ZeRO-3 with "
-                           f"one micro-batch); got {plan}")
+        raise CompareError(f"the prediction covers neither fp8-delayed, a pipeline or a "
+                           f"document mask under remat {'/'.join(REPEATS_COLLECTIVES)}, "
+                           f"nor ZeRO-3 with several micro-batches outside a pipeline; "
+                           f"got {plan}")
     psi = params_per_device(cfg, plan)
-    k, z, m, tp, cp = plan.dp, plan.zero_stage, plan.micro_batches, plan.tp, plan.cp
-    states = cm.model_state_bytes(psi["total"], k, z, "fp32")
+    k, z, m, cp = plan.dp, plan.zero_stage, plan.micro_batches, plan.cp
+    pol = precision.policy(plan.precision)
+    per_fp32 = formats.dtype_of(pol.param_dtype).itemsize / 4  # bytes sent per fp32 byte
+    repeats = plan.remat in REPEATS_COLLECTIVES
     b, s = batch_shape
     rows = b // plan.rows // m  # rows of one micro-batch on one device (dp x ep split them)
     act = rows * (s // cp) * cfg.d_model * 4  # one micro-batch's x on a cp share (whole)
-    ring = lambda n, g: 2 * (g - 1) / g * n  # noqa: E731
     sent: dict[str, float] = {}
     by_axis: dict[str, dict[str, float]] = {}
 
-    def add(op, v, axis):
+    def add(op, v, axis, fixed=False):  # fixed: the same bytes under every policy
+        v = v if fixed else v * per_fp32
         if v:
             sent[op] = sent.get(op, 0.0) + v
             ops = by_axis.setdefault(axis, {})
             ops[op] = ops.get(op, 0.0) + v
-    grads = 4 * psi["total"]
     layout = ZERO_LAYOUTS.get(z, Replicated)  # each layout says what its dp reduction sends
-    for op, v in layout.dp_bytes(grads, plan, lambda: stage3_census(cfg, plan)).items():
+    for op, v in layout.dp_bytes(4 * psi["total"], plan, lambda: stage3_census(cfg, plan)).items():
         add(op, v, "dp")
     # the sequence's shares of every gradient (ZeRO: of its slices) summed, after dp's
     # reduction: over cp, and over tp for what tp does not split when sequence parallel
-    shrink, sp = (k if z else 1), plan.sequence_parallel
-    _shares(plan, {part: 4 * v / shrink for part, v in _parts(psi).items()}, add)
+    _shares(plan, {part: 4 * v / (k if z else 1) for part, v in _parts(psi).items()}, add)
     if cp > 1:
-        # ring attention: per layer, cp - 1 hops of k and v forward, of their gradients back
-        # (k and v as the device's query heads read them: its kv heads where tp splits
-        # them, else one picked per query head)
-        width = 2 * (cfg.kv_heads * cfg.head_dim if splits_kv_heads(cfg.kv_heads, tp)
-                     else cfg.d_model)
-        if cfg.kv_lora_rank:  # latent attention's k and v: every head's, qk and v wide
-            width = cfg.n_heads * (cfg.qk_dim + cfg.v_dim)
-        kv = rows * (s // cp) * width // tp * 4
-        add("collective-permute", 2 * (cp - 1) * kv * cfg.n_layers * m, "cp")
-    layers_here = cfg.n_layers // plan.pp
-    if tp > 1 and cfg.kv_lora_rank and not plan.sequence_parallel:
-        # latent attention's down-projections are whole on every tp device, each using
-        # them for its own heads: their gradients all-reduced over tp per layer and
-        # micro-batch, in backward (under sp they join the step's reduction instead)
-        whole = 4 * _latent_parts(cfg)[1]
-        add("all-reduce", 2 * (tp - 1) / tp * whole * layers_here * m, "tp")
-    if tp > 1 and plan.sequence_parallel:
-        # each all-reduce split in two: per layer 2 all-gathers and 2 reduce-scatters
-        # forward, the same backward, on the whole cp share
-        add("all-gather", 4 * layers_here * m * (tp - 1) / tp * act, "tp")
-        add("reduce-scatter", 4 * layers_here * m * (tp - 1) / tp * act, "tp")
-    elif tp > 1:  # 2 all-reduces per layer forward, 2 backward (+2: a pipeline recomputes)
-        # a split backward (zero-bubble) adds W's 3: its recompute needs the attention's
-        # all-reduce, not the MLP's (the block's output is unused), and the two norms'
-        # weight gradients each need the all-reduce of the gradient at the norm's output
-        per_micro = (9 if plan.pp > 1 and plan.schedule in SPLIT
-                     else 6 if plan.pp > 1 else 4) * layers_here
-        add("all-reduce", ring(per_micro * m * act, tp), "tp")
-        # K and V whole on every tp device: each computes the gradient of the heads its
-        # query heads read, summed over tp once per step (ZeRO: on the dp slices)
-        add("all-reduce", ring(4 * psi["kv_replicated"] / (k if z else 1), tp), "tp")
+        _ring_attention(cfg, plan, rows * (s // cp), repeats, add)
+    if plan.tp > 1:
+        _tensor_parallel(cfg, plan, psi, act, repeats, add)
     if cfg.n_experts:
-        _experts(cfg, plan, rows * (s // cp), add)
+        _experts(cfg, plan, rows * (s // cp), add, repeats)
     if cfg.document_mask and (cp > 1 or plan.sequence_parallel):
-        g = cp * (tp if plan.sequence_parallel else 1)  # every token's document id, int32
-        add("all-gather", m * (g - 1) / g * rows * s * 4, "cp" if cp > 1 else "tp")
+        g = cp * (plan.tp if plan.sequence_parallel else 1)  # every token's document id
+        add("all-gather", m * (g - 1) / g * rows * s * 4, "cp" if cp > 1 else "tp", fixed=True)
     if plan.pp > 1:
         table = tick_table(plan.schedule, plan.pp, m, plan.virtual)
         # every tick an activation and a gradient each way; in a V (zbv) both ways each
         add("collective-permute", (4 if table.vee else 2) * table.ticks * act, "pp")
         # the shared embeddings' and final LayerNorm's gradients (ZeRO: their dp slices)
-        add("all-reduce", ring(4 * psi["top"] / (k if z else 1), plan.pp), "pp")
+        add("all-reduce", _ring(4 * psi["top"] / (k if z else 1), plan.pp), "pp")
+    budget = ("fp32-adam" if plan.precision == "fp32" else
+              "mixed-adam" if pol.master_weights else "bf16")
+    states = cm.states.state_memory(psi["total"], k, z, budget)
+    states = {part: states[part] for part in ("params", "grads", "optimizer")}
+    states["total"] = sum(states.values())
     return {"params_per_device": psi["total"], "states": states, "sent": sent,
             "sent_by_axis": by_axis}
+
+
+def _ring(n: float, g: int) -> float:
+    """Bytes one device sends in a ring all-reduce of n bytes over g devices."""
+    return 2 * (g - 1) / g * n
+
+
+def _ring_attention(cfg, plan: Plan, tokens: int, repeats: bool, add) -> None:
+    """Ring attention: per layer, cp - 1 hops of k and v forward, of their gradients back
+    (k and v as the device's query heads read them: its kv heads where tp splits them,
+    else one picked per query head); a remat that repeats collectives runs the forward's
+    hops again (`tokens`: one micro-batch's on this device)."""
+    width = 2 * (cfg.kv_heads * cfg.head_dim if splits_kv_heads(cfg.kv_heads, plan.tp)
+                 else cfg.d_model)
+    if cfg.kv_lora_rank:  # latent attention's k and v: every head's, qk and v wide
+        width = cfg.n_heads * (cfg.qk_dim + cfg.v_dim)
+    kv = tokens * width // plan.tp * 4
+    add("collective-permute", (3 if repeats else 2) * (plan.cp - 1) * kv * cfg.n_layers
+        * plan.micro_batches, "cp")
+
+
+def _tensor_parallel(cfg, plan: Plan, psi: dict, act: float, repeats: bool, add) -> None:
+    """tp's collectives per step (`act`: one micro-batch's activations on this device,
+    fp32 bytes): the layers' all-reduces, or sp's gathers and scatters; latent
+    attention's whole down-projections; grouped K and V that tp does not split."""
+    tp, m, here = plan.tp, plan.micro_batches, cfg.n_layers // plan.pp
+    if cfg.kv_lora_rank and not plan.sequence_parallel:
+        # latent attention's down-projections are whole on every tp device, each using
+        # them for its own heads: their gradients all-reduced over tp per layer and
+        # micro-batch, in backward (under sp they join the step's reduction instead); the
+        # latents' norm scales among them, summed in fp32 under every policy
+        norms = model_config.attention_params(cfg) - model_config.attention_params(cfg, False)
+        per_layer = 2 * (tp - 1) / tp * 4 * here * m
+        add("all-reduce", per_layer * (_latent_parts(cfg)[1] - norms), "tp")
+        add("all-reduce", per_layer * norms, "tp", fixed=True)
+    if plan.sequence_parallel:
+        # each all-reduce split in two: per layer 2 all-gathers and 2 reduce-scatters
+        # forward, the same backward, on the whole cp share; a recomputed forward gathers
+        # both again and scatters the attention's output (the MLP's is the layer's output,
+        # which backward does not need)
+        gathers, scatters = (6, 5) if repeats else (4, 4)
+        add("all-gather", gathers * here * m * (tp - 1) / tp * act, "tp")
+        add("reduce-scatter", scatters * here * m * (tp - 1) / tp * act, "tp")
+        return
+    # 2 all-reduces per layer forward, 2 backward; a pipeline recomputes the forward (+2);
+    # a split backward (zero-bubble) adds W's 3: its recompute needs the attention's
+    # all-reduce, not the MLP's (the block's output is unused), and the two norms' weight
+    # gradients each need the all-reduce of the gradient at the norm's output; a remat
+    # that repeats collectives, the attention's again (5)
+    per_micro = (9 if plan.pp > 1 and plan.schedule in SPLIT
+                 else 6 if plan.pp > 1 else 5 if repeats else 4) * here
+    add("all-reduce", _ring(per_micro * m * act, tp), "tp")
+    # K and V whole on every tp device: each computes the gradient of the heads its query
+    # heads read, summed over tp once per step (ZeRO: on the dp slices)
+    add("all-reduce", _ring(4 * psi["kv_replicated"] / (plan.dp if plan.zero_stage else 1),
+                            tp), "tp")
 
 
 def _parts(psi: dict) -> dict[str, float]:
@@ -181,7 +228,7 @@ def _mesh_order(axes) -> list[str]:
     return [a for a in MESH_AXES if a in axes]
 
 
-def _experts(cfg, plan: Plan, tokens: int, add) -> None:
+def _experts(cfg, plan: Plan, tokens: int, add, repeats: bool = False) -> None:
     """A mixture of experts' collectives in each MoE layer, per micro-batch
     (jaxscale.model.moe): the tokens' places to the experts' devices and back, two
     all-to-alls of E x C x d over ep in each forward and two (transposed) in each
@@ -190,10 +237,12 @@ def _experts(cfg, plan: Plan, tokens: int, add) -> None:
     parallel the router's gradient [d, E] summed over tp in each backward (its input is
     each tp device's own copy of the tokens). A pipeline stage runs its layers' forward
     twice (F, and B's recomputation); the load of the micro-batches' worst layers (m
-    floats) then meets over pp once per step (jaxscale.model.moe.over_stages)."""
+    floats) then meets over pp once per step (jaxscale.model.moe.over_stages). A remat
+    that repeats collectives (`repeats`) runs each forward twice as well. The loads and
+    the router's gradient stay fp32 under every precision."""
     e, m = cfg.n_experts, plan.micro_batches
     backwards = cfg.moe_layers // plan.pp * m  # this device's layers' backward passes
-    forwards = backwards * (2 if plan.pp > 1 else 1)
+    forwards = backwards * (2 if plan.pp > 1 or repeats else 1)
     places = moe.capacity(tokens, e, cfg.family)
     if plan.ep > 1:
         add("all-to-all", 2 * (forwards + backwards) * (plan.ep - 1) / plan.ep * e * places
@@ -201,11 +250,13 @@ def _experts(cfg, plan: Plan, tokens: int, add) -> None:
     axes = [a for a in ("dp", "ep", "cp", "tp") if getattr(plan, a) > 1]
     g = math.prod(getattr(plan, a) for a in axes)
     if g > 1:
-        add("all-reduce", forwards * 2 * (g - 1) / g * e * 4, "+".join(_mesh_order(axes)))
+        add("all-reduce", forwards * 2 * (g - 1) / g * e * 4, "+".join(_mesh_order(axes)),
+            fixed=True)
     if plan.tp > 1 and not plan.sequence_parallel:
-        add("all-reduce", backwards * 2 * (plan.tp - 1) / plan.tp * cfg.d_model * e * 4, "tp")
+        add("all-reduce", backwards * 2 * (plan.tp - 1) / plan.tp * cfg.d_model * e * 4, "tp",
+            fixed=True)
     if plan.pp > 1:
-        add("all-reduce", 2 * (plan.pp - 1) / plan.pp * m * 4, "pp")
+        add("all-reduce", 2 * (plan.pp - 1) / plan.pp * m * 4, "pp", fixed=True)
 
 
 def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:

@@ -130,7 +130,7 @@ def add_predictions(result: dict, cfg) -> None:
     for r in rows:
         sent = r.get("sent_predicted_total") if r.get("predicted") else None
         if r.get("n_devices", 1) > 1 and sent is None:
-            continue  # bytes not modelled (fp16, remat with tp...): no time either
+            continue  # bytes not modelled (fp8-delayed, a pipeline under remat, ...): no time
         p = predicted_step(cfg, r["plan"], result["batch_size"], sent or 0.0, r["calibration"],
                            r.get("collectives_per_step", 0))
         if p["step_s"] is not None:
