@@ -112,11 +112,27 @@ def test_xla_tpu_compiles_each_layout_and_says_what_fits(tmp_path):
     assert zero3["collectives_per_step"].get("all-gather", 0) > 0
     assert 0 < zero3["needed_bytes"] < 16 * GIB and zero3["generated_code"] > 0
     assert tp["fits"] and tp["collectives_per_step"].get("all-reduce", 0) > 0
+    # by mesh axis: XLA:TPU merges dp's gradient reductions into one all-reduce (the loss
+    # folded in) and keeps tp's per layer; the bytes each chip sends equal the formula's
+    by_axis = tp["collectives_by_axis"]
+    assert by_axis["dp"]["all-reduce"]["count"] == 1 and by_axis["tp"]["all-reduce"]["count"] > 1
+    assert set(tp["sent_by_axis"]) == set(tp["sent_by_axis_predicted"]) == {"dp", "tp"}
+    for axis, ops in tp["sent_by_axis_predicted"].items():
+        for op, v in ops.items():
+            assert tp["sent_by_axis"][axis][op] == pytest.approx(v, rel=1e-12), (axis, op)
+    # ZeRO-3 on this small model: XLA:TPU gathers the weights again for backward and
+    # reduces the gradients with all-reduces, not reduce-scatters; the note says so
+    assert zero3["sent_by_axis"]["dp"]["all-gather"] > zero3["sent_by_axis_predicted"]["dp"]["all-gather"]
+    from jaxscale.compare.abstract import abstract_notes
+    notes = [n for n in abstract_notes(res) if "sends other bytes" in n]
+    assert len(notes) == 1 and notes[0].startswith("dp=4,zero=3,precision=bf16") \
+        and "dp reduce-scatter none against" in notes[0], notes
     big = _compare(tmp_path / "b", "--target", "v5e-4", "--model", str(config),
                    "--strategy", "dp=4", "--batch-size", "65536", "--seq", "256")
     assert big.returncode == 0, big.stderr
     row = json.loads(big.stdout)["rows"][0]
     assert not row["fits"] and "HBM" in row["refused"]
+
 
 
 @needs_libtpu
