@@ -18,12 +18,15 @@ maps JAX device kinds onto its keys). DEVICES adds what a step-time estimate nee
 
 Sources: NVIDIA datasheets and the JAX scaling book (jax-ml/scaling-book, tpus.md and gpus.md:
 H100 NVLink 450 GB/s and 400 Gb/s NDR per GPU; A100 NVLink 300 GB/s and 200 Gb/s HDR per GPU
-as in Narayanan et al. 2021's cluster; TPU ICI one-way per link and DCN per chip).
+as in Narayanan et al. 2021's cluster; TPU ICI one-way per link and DCN per chip; v6e from
+the Cloud TPU v6e page). A TPU chip's memory is jaxscale.runtime.targets' (one table).
 `device` refuses a name not in the table rather than assume a neighbour's figures.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+from jaxscale.runtime import targets
 
 T = 1e12
 # Dense peak FLOP/s per dtype. "tfloat32" is the tensor-core rate of float32 matmuls on
@@ -76,6 +79,12 @@ class Device:
 
 
 G = 1e9
+# Memory per device. A TPU chip's HBM is the compile targets' (jaxscale.runtime.targets,
+# from the Cloud TPU pages), so that `plan --verify --target` sets the planner's memory and
+# XLA:TPU's against the same chip. The GPUs keep the datasheets' nominal 80 / 141 GB; the
+# GPU compile targets use what XLA's target spec gives (84.9e9 and 151.4e9 bytes: the
+# driver's figure), a margin of 6-7% the planner keeps.
+TPU_HBM = {gen: hbm for gen, (hbm, _, _) in targets.GENERATIONS.items()}
 DEVICES = {
     "a100": Device("a100", PEAK_FLOPS["a100"]["bfloat16"], 80 * G, 2.039e12, 300 * G, 25 * G,
                    8, False, 5e-6),
@@ -83,12 +92,15 @@ DEVICES = {
                    50 * G, 8, False, 5e-6),
     "h200": Device("h200", PEAK_FLOPS["h200-sxm"]["bfloat16"], 141 * G, 4.8e12, 450 * G,
                    50 * G, 8, False, 5e-6),
-    "tpu-v4": Device("tpu-v4", PEAK_FLOPS["tpu-v4"]["bfloat16"], 32 * G, 1.2e12, 4.5e10,
+    "tpu-v4": Device("tpu-v4", PEAK_FLOPS["tpu-v4"]["bfloat16"], 32 * 2**30, 1.2e12, 4.5e10,
                      6.25e9, 4096, True, 1e-6),
-    "tpu-v5e": Device("tpu-v5e", PEAK_FLOPS["tpu-v5e"]["bfloat16"], 16 * G, 8.1e11, 4.5e10,
-                      3.125e9, 256, True, 1e-6),
-    "tpu-v5p": Device("tpu-v5p", PEAK_FLOPS["tpu-v5p"]["bfloat16"], 96 * G, 2.8e12, 9e10,
-                      6.25e9, 8960, True, 1e-6),
+    "tpu-v5e": Device("tpu-v5e", PEAK_FLOPS["tpu-v5e"]["bfloat16"], TPU_HBM["v5e"], 8.1e11,
+                      4.5e10, 3.125e9, 256, True, 1e-6),
+    "tpu-v5p": Device("tpu-v5p", PEAK_FLOPS["tpu-v5p"]["bfloat16"], TPU_HBM["v5p"], 2.8e12,
+                      9e10, 6.25e9, 8960, True, 1e-6),
+    # Trillium: HBM 1.6 TB/s; ICI twice v5e's per link; DCN 25.6 Tb/s per 256-chip pod
+    "tpu-v6e": Device("tpu-v6e", PEAK_FLOPS["tpu-v6e"]["bfloat16"], TPU_HBM["v6e"], 1.6e12,
+                      9e10, 1.25e10, 256, True, 1e-6),
 }
 
 

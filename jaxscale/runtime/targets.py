@@ -40,7 +40,9 @@ from jaxscale.runtime.gpu_target_config import GPUS, target_config
 GIB = 2**30
 
 # generation: (HBM per chip, chips per unit of the name's number, chip shapes by count).
-# HBM from the Cloud TPU system-architecture pages (v5e: 16 GiB, v5p: 95 GiB, v6e: 32 GiB).
+# HBM from the Cloud TPU system-architecture pages (v5e: 16 GiB, v5p: 95 GiB, v6e: 32 GiB);
+# the one table (jaxscale.costmodel.devices reads it). XLA:TPU itself refuses a program
+# above 15.75, 95.74 and 31.25 GiB ("available HBM" in its message, measured with libtpu).
 _2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
        256: "16x16"}
 _3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",

@@ -247,3 +247,15 @@ def test_reference_parameter_counts():
     assert round(REFERENCES["Llama-2-7B"][1].params() / 1e9, 2) == 6.74
     assert round(REFERENCES["Llama-2-70B"][1].params() / 1e9, 1) == 69.0
     assert math.isclose(REFERENCES["GPT-3 175B"][1].params() / 1e9, 174.6, rel_tol=1e-3)
+
+
+def test_a_tpu_chips_memory_is_the_compile_targets():
+    """One table: the planner's HBM per TPU chip is the one `--target` compiles against
+    (so `plan --verify --target` sets both figures against the same chip), v6e included;
+    v6e's critical batch from its page's 918e12 FLOP/s over 1.6e12 B/s is 574 tokens."""
+    from jaxscale.runtime import targets
+    for gen in targets.GENERATIONS:
+        chip = targets.parse_target(f"{gen}:{'2x2' if gen != 'v5p' else '2x2x1'}")
+        assert D.device(f"tpu-{gen}").memory == chip.hbm_bytes, gen
+    assert D.device("tpu-v6e").memory == 32 * 2**30
+    assert round(D.matmul_critical_batch(D.device("tpu-v6e"))) == 574
