@@ -16,6 +16,11 @@ unrolled all of them, and a custom call (cuDNN attention) as nothing.
 
 The step is the one `jaxscale train` runs (Plan on one device: precision, remat, attention
 kernel, scan or unroll) on a fixed garden batch: the data does not change the time.
+
+`run_abstract` times nothing: it compiles the same step on abstract state for a device that
+need not be there (one chip of a compile-only target, jaxscale.runtime.targets) and gives
+what the compiler knows before the chip is paid for: the memory the step needs against the
+chip's HBM, and the floor under its step time, the model's FLOPs at the datasheet peak.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -166,3 +172,48 @@ def run(cfg: BenchConfig, device=None, matmul_peak: hardware.MatmulPeak | None =
         count.total * rate, np.dtype(dtype).name, peak, hardware.mfu(count.total, rate, peak),
         mm, hardware.mfu(count.total, rate, mm), hardware.mfu(count.total_causal, rate, peak),
         None if xla is None else xla / tokens, memory.memory(compiled), _allocator_peak(device))
+
+
+def run_abstract(cfg: BenchConfig, device, hbm_bytes: float | None = None) -> dict:
+    """Compile cfg's step for `device` on abstract state (nothing allocated, nothing run):
+    the compiler's memory per device (what it must hold: arguments, outputs not aliased to
+    them, temporaries, generated code) against `hbm_bytes`, and the step's floor: the
+    model's FLOPs (jaxscale.model.flops, non-causal convention) at the datasheet peak, the
+    time at 100% MFU. A step the compiler refuses for memory gives its own sentence."""
+    cfg.validate()
+    mcfg = model_config.preset(cfg.model)
+    init, step = build_train_step(mcfg, cfg.plan(), make_optimizer("adamw", 1e-4), [device])
+    here = jax.sharding.SingleDeviceSharding(device)  # a plain jit compiles where they live
+    on = lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=here)  # noqa: E731
+    params = nnx.to_pure_dict(nnx.state(modellib.abstract(mcfg), nnx.Param))
+    state = jax.tree.map(on, jax.eval_shape(init, params))
+    batch = {k: on(jax.ShapeDtypeStruct((cfg.batch_size, mcfg.seq_len), dtype))
+             for k, dtype in (("tokens", jnp.int32), ("targets", jnp.int32),
+                              ("mask", jnp.float32))}
+    count = flopslib.model_flops_per_token(mcfg)
+    dtype = precision.policy(cfg.precision).compute_dtype
+    peak = hardware.datasheet_peak(device.device_kind, peak_dtype(dtype, device.platform))
+    tokens = cfg.batch_size * mcfg.seq_len
+    row = {"config": asdict(cfg), "device_kind": device.device_kind,
+           "platform": device.platform, "hbm_bytes": hbm_bytes,
+           "flops_per_token": count.total, "compute_dtype": np.dtype(dtype).name,
+           "datasheet_peak": peak, "step_s_at_peak": tokens * count.total / peak if peak else None,
+           "tokens_per_s_at_peak": peak / count.total if peak else None}
+    t0 = time.perf_counter()
+    try:
+        compiled = step.jitted.lower(state, batch).compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        why = str(e).split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
+        return {**row, "compile_s": time.perf_counter() - t0, "memory": None,
+                "needed_bytes": None, "fits": False, "refused": why,
+                "xla_flops_per_token": None}
+    mem = memory.memory(compiled)
+    code = int(getattr(compiled.memory_analysis(), "generated_code_size_in_bytes", 0))
+    needed = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temporaries"] + code
+    xla = flopslib.xla_flops(compiled)
+    return {**row, "compile_s": time.perf_counter() - t0, "memory": mem,
+            "generated_code": code, "needed_bytes": needed,
+            "fits": None if hbm_bytes is None else needed <= hbm_bytes, "refused": None,
+            "xla_flops_per_token": None if xla is None else xla / tokens}

@@ -103,6 +103,9 @@ def test_the_matmul_peak_is_measured_in_the_steps_compute_dtype(cli, monkeypatch
     (["--platform", "gpu"], ["--platform gpu: no gpu devices here"]),
     (["--attention", "cudnn"], ["--attention cudnn: cuDNN flash attention runs on NVIDIA GPUs"]),
     (["--precision", "fp64"], ["'fp64'"]),
+    (["--target", "v5e-4"], ["--target only compiles: add --abstract"]),
+    (["--abstract", "--target", "a100-8"], ["unknown target 'a100-8'", "v5e-16"]),
+    (["--abstract", "--profile", "p"], ["--abstract runs none"]),
 ])
 def test_bad_bench_input_is_one_line_and_exit_2(capsys, argv, words):
     from jaxscale.cli.main import main
@@ -147,3 +150,30 @@ def test_an_fp8_bench_on_the_cpu_says_it_is_an_emulation(cli):
     assert out["rows"] and "emulated on the CPU" in out["fp8"]
     assert cli("bench", "--model", "tiny", "--batch", "4", "--steps", "1", "--warmup", "0",
                "--json")["fp8"] is None
+
+
+def test_an_abstract_bench_compiles_each_row_and_runs_none(cli):
+    """--abstract on this CPU: each row's step compiled on abstract state and never run.
+    Its arguments are the state the step builds (parameters, Adam's moments and count)
+    and the batch, to the byte; a CPU has no datasheet, so no floor under the step time."""
+    import jax
+    from flax import nnx
+
+    from jaxscale.model import optim, transformer as modellib
+    from jaxscale.parallel.build import build_train_step
+    from jaxscale.parallel.plan import Plan
+    out = cli("bench", "--abstract", "--model", "tiny", "--batch", "4", "--remat", "none,full",
+              "--json")
+    assert out["target"] is None and out["platform"] == "cpu" and len(out["rows"]) == 2
+    cfg = model_config.preset("tiny")
+    init, _ = build_train_step(cfg, Plan(), optim.adamw(1e-4), jax.devices()[:1])
+    state = jax.eval_shape(init, nnx.to_pure_dict(nnx.state(modellib.abstract(cfg), nnx.Param)))
+    held = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+    for r in out["rows"]:
+        assert r["memory"]["arguments"] == held + 3 * 4 * 4 * cfg.seq_len  # tokens, targets, mask
+        assert r["needed_bytes"] > r["memory"]["arguments"] and r["fits"] is None
+        assert r["datasheet_peak"] is None and r["step_s_at_peak"] is None
+        assert r["flops_per_token"] == flops.model_flops_per_token(cfg).total
+    none, full = out["rows"]
+    assert full["xla_flops_per_token"] > none["xla_flops_per_token"]  # the recomputed forward
+

@@ -136,6 +136,29 @@ def test_xla_tpu_compiles_each_layout_and_says_what_fits(tmp_path):
 
 
 @needs_libtpu
+def test_bench_abstract_compiles_for_one_chip_of_the_target(tmp_path):
+    """`bench --abstract --target v5e-4`: the step compiled by XLA:TPU for one v5e chip,
+    never run. Batch 8 fits the chip; its floor is the model's FLOPs at the chip's 197
+    TFLOP/s bf16 datasheet peak. 4,096 rows of 256 tokens do not fit (44 GiB of
+    temporaries), and the row says so in the compiler's words (a finding, not a failure:
+    exit 0)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL_LLAMA))
+    r = run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
+                   "bench", "--abstract", "--target", "v5e-4", "--model", str(config),
+                   "--batch", "8,4096", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "WARNING" not in r.stderr and "libtpu" not in r.stderr
+    out = json.loads(r.stdout)
+    assert (out["target"], out["device_kind"], out["hbm_bytes"]) == ("v5e-4", "TPU v5 lite",
+                                                                      16 * GIB)
+    fits, big = out["rows"]
+    assert fits["fits"] and 0 < fits["needed_bytes"] < 16 * GIB and fits["refused"] is None
+    assert fits["datasheet_peak"] == 197e12 and fits["compute_dtype"] == "bfloat16"
+    assert fits["step_s_at_peak"] == pytest.approx(8 * 256 * fits["flops_per_token"] / 197e12)
+    assert not big["fits"] and "HBM" in big["refused"] and big["memory"] is None
+
+@needs_libtpu
 def test_plan_verify_compiles_the_planners_best_and_ranks_them_again(tmp_path):
     """`plan --verify 2 --target v5e-4`: the planner's two best layouts for the small Llama,
     each compiled by XLA:TPU; every row has the planner's memory and the compiler's (or the

@@ -59,11 +59,23 @@ def register(subparsers) -> None:
                    help="steps after the compile that are not timed (default 2)")
     b.add_argument("--json", action="store_true",
                    help="print one JSON object with every figure instead of a table")
+    b.add_argument("--abstract", action="store_true",
+                   help="compile each row without running it: the memory the step needs "
+                        "per device (against the chip's HBM with --target) and its time at "
+                        "the datasheet peak (100%% MFU); nothing is timed (default batch 8)")
+    b.add_argument("--target", default=None, metavar="NAME",
+                   help="with --abstract: compile for one chip of a Cloud TPU slice or an "
+                        "NVIDIA GPU from this machine (v5e-4, v5p-8, v6e-4, h100-1; "
+                        "pip install -e \".[tpu]\" or \".[gpu]\"); precision bf16 unless "
+                        "given")
     runtime.add_arguments(b)
     b.set_defaults(run=run)
 
 
 def run(args) -> int:
+    if args.abstract or args.target:
+        from jaxscale.cli.commands.bench_abstract import run_abstract
+        return run_abstract(args)
     import jax
 
     from jaxscale import bench
