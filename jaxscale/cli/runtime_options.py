@@ -20,8 +20,9 @@ def add_arguments(parser, platform: bool = True) -> None:
                         metavar="KERNEL",
                         help="einsum (written out: the reference), xla or cudnn "
                              "(jax.nn.dot_product_attention; cudnn is flash attention on "
-                             "NVIDIA GPUs in bf16/fp16); default auto: cudnn on a GPU with a "
-                             "16-bit precision, else einsum")
+                             "NVIDIA GPUs in bf16/fp16), tpu-flash (Pallas's flash attention "
+                             "on TPUs, sequences of a multiple of 128); default auto: cudnn "
+                             "on a GPU with a 16-bit precision, else einsum")
     parser.add_argument("--unroll", action="store_true",
                         help="write the layers out one after another instead of one scanned "
                              "loop body (longer compile; XLA may fuse across layers)")

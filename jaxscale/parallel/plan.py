@@ -48,7 +48,8 @@ class Plan:
     virtual: int = 1  # model chunks per pipeline device (interleaved schedule: >= 2)
     remat: str = "none"
     precision: str = "fp32"
-    attention: str = "einsum"  # jaxscale.model.attention.KERNELS: einsum (reference), xla, cudnn
+    attention: str = "einsum"  # jaxscale.model.attention.KERNELS: einsum (the reference), xla,
+    # cudnn, tpu-flash
     unroll: bool = False  # the layers written out instead of one scanned loop body
     fp8_block: int = fp8.BLOCK  # precision fp8-block: the tile length (model.fp8.blocks)
     fp8_head: bool = False  # an fp8 precision: the output head multiplies in FP8 too

@@ -21,7 +21,7 @@ from jaxscale.cli.main import _number
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.runtime import devices as devlib
 from jaxscale.cli import cluster_options, config_file
-from jaxscale.cli.commands import compare_baseline, compare_judging
+from jaxscale.cli.commands import compare_baseline, compare_judging, compare_target
 from jaxscale.model import config as model_config
 
 
@@ -154,13 +154,13 @@ def _checked_plans(args, cfg, on_cpu: bool) -> dict:
 def run(args) -> int:
     from jaxscale.runtime import processes as distributed
     from jaxscale.compare.strategies import CompareError
-    from jaxscale.cli.commands.compare_target import check_target_sizes, target_and_job
-    target, cfg = target_and_job(args, model_config.preset(args.model))
+    target, cfg = compare_target.target_and_job(args, model_config.preset(args.model))
     on_cpu = args.platform == "cpu" or (args.platform == "auto"
                                         and not devlib.accelerator_installed())
     plans = _checked_plans(args, cfg, on_cpu)  # all valid before JAX starts
+    compare_target.check_kernels(plans, target, on_cpu, cfg)  # and where each compiles
     if target is not None:
-        check_target_sizes(plans, target, args.strategy, cfg)
+        compare_target.check_target_sizes(plans, target, args.strategy, cfg)
     out = Path(args.out)
     cluster = distributed.from_args(args)
     base = compare_baseline.load(args, on_cpu)  # another job's is refused before JAX

@@ -49,3 +49,22 @@ def check_target_sizes(plans, target, layouts, cfg) -> None:
                            f"{target.generation} chip has {human_bytes(target.hbm_bytes)} "
                            f"({states[least] / target.hbm_bytes:.1f}x); shard them over more "
                            "chips (zero=3, tp, pp) or pick a bigger slice")
+
+
+def check_kernels(plans, target, on_cpu: bool, cfg) -> None:
+    """Each plan's attention kernel runs where it will be compiled: a target's chips (TPU,
+    GPU), else this machine's CPU when it has no accelerator; tpu-flash on sequences of a
+    multiple of its block."""
+    from jaxscale.compare.strategies import CompareError
+    from jaxscale.model.attention import FLASH_BLOCK, KernelError, check_kernel
+    platform = (("tpu" if target.platform == "tpu" else "gpu") if target is not None
+                else "cpu" if on_cpu else None)
+    for name, plan in plans.items():
+        try:
+            check_kernel(plan.attention, platform)
+        except KernelError as e:
+            raise CompareError(f"strategy {name!r}: {e}") from None
+        if plan.attention == "tpu-flash" and cfg.seq_len % FLASH_BLOCK:
+            raise CompareError(f"strategy {name!r}: tpu-flash takes sequences of a multiple "
+                               f"of {FLASH_BLOCK} tokens, and the job's are {cfg.seq_len}: "
+                               "set --seq, or use attention einsum")
