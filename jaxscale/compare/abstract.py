@@ -10,6 +10,7 @@ compare.predict's (where it models the plan).
 """
 from __future__ import annotations
 
+import re
 import sys
 from collections import Counter
 
@@ -95,7 +96,8 @@ def refused_row(name: str, plan, pred: dict, target, message: str) -> dict:
     the compiler's own sentence (what it needs against what is available), and the
     closed form's states beside it."""
     why = message.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
-    return {"name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
+    return {**refused_bytes(why),
+            "name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
             "memory": None, "states_measured": None,
             "states_predicted": pred["params"] + pred["optimizer"], "rel_diff": None,
             "grads_predicted": pred["grads"], "target": target.name,
@@ -104,6 +106,14 @@ def refused_row(name: str, plan, pred: dict, target, message: str) -> dict:
             "collectives_by_axis": {}, "sent_by_axis": None, "sent_total": None,
             "sent_by_axis_predicted": None, "sent_predicted_total": None}
 
+
+def refused_bytes(why: str) -> dict:
+    """The compiler's figures in its refusal ("the total memory required for HLO temporaries
+    (33.52G) exceeds available HBM (31.25G)", G = GiB): what the program needs in all and
+    what the chip offers it; None where the sentence has other words."""
+    m = re.search(r"\((?P<need>[\d.]+)G\) exceeds available HBM \((?P<have>[\d.]+)G\)", why)
+    return {"refused_needed_bytes": m and float(m["need"]) * 2**30,
+            "refused_available_bytes": m and float(m["have"]) * 2**30}
 
 def target_figures(compiled, mem: dict, target) -> dict:
     """What a target adds to a row: the chip's HBM, XLA's figure against it, the code size
