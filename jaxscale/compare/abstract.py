@@ -115,6 +115,7 @@ def refused_bytes(why: str) -> dict:
     return {"refused_needed_bytes": m and float(m["need"]) * 2**30,
             "refused_available_bytes": m and float(m["have"]) * 2**30}
 
+
 def target_figures(compiled, mem: dict, target) -> dict:
     """What a target adds to a row: the chip's HBM, XLA's figure against it, the code size
     and the collectives the TPU compiler left in the program."""
