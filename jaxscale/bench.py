@@ -206,14 +206,15 @@ def run_abstract(cfg: BenchConfig, device, hbm_bytes: float | None = None) -> di
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         why = str(e).split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
-        return {**row, "compile_s": time.perf_counter() - t0, "memory": None,
-                "needed_bytes": None, "fits": False, "refused": why,
-                "xla_flops_per_token": None}
+        return {**row, **memory.refused_bytes(why), "compile_s": time.perf_counter() - t0,
+                "memory": None, "generated_code": None, "needed_bytes": None, "fits": False,
+                "refused": why, "xla_flops_per_token": None}
     mem = memory.memory(compiled)
     code = int(getattr(compiled.memory_analysis(), "generated_code_size_in_bytes", 0))
     needed = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temporaries"] + code
     xla = flopslib.xla_flops(compiled)
     return {**row, "compile_s": time.perf_counter() - t0, "memory": mem,
+            "refused_needed_bytes": None, "refused_available_bytes": None,
             "generated_code": code, "needed_bytes": needed,
             "fits": None if hbm_bytes is None else needed <= hbm_bytes, "refused": None,
             "xla_flops_per_token": None if xla is None else xla / tokens}

@@ -10,7 +10,6 @@ compare.predict's (where it models the plan).
 """
 from __future__ import annotations
 
-import re
 import sys
 from collections import Counter
 
@@ -18,29 +17,35 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxscale import costmodel as cm
-from jaxscale.compare.predict import params_per_device, predict, predictable
+from jaxscale.compare.predict import params_per_device, predict, predictable, state_bytes
 from jaxscale.compare.run import mesh_label
 from jaxscale.costmodel.units import short_bytes
 from jaxscale.measure import hlo, memory
 from jaxscale.model import optim, transformer as modellib
 from jaxscale.parallel.build import build_train_step
+from jaxscale.parallel.tick_table import tick_table
 
 
 def predicted_states(cfg, plan) -> dict[str, float]:
-    """The closed form's per-device model states (jaxscale.costmodel.model_state_bytes on
-    the parameters one device holds): fp32 (4 + 4 + 8 bytes per parameter) or, for the
-    16-bit policies with fp32 master weights, mixed (2 + 2 + 12)."""
-    kind = "fp32" if plan.precision == "fp32" else "mixed"
-    return cm.model_state_bytes(params_per_device(cfg, plan)["total"], plan.dp,
-                                plan.zero_stage, kind)
+    """The closed form's per-device model states on the parameters one device holds, by the
+    policy's bytes per parameter (compare.predict.state_bytes): fp32 4 + 4 + 8, the 16-bit
+    policies with fp32 master weights 2 + 2 + 12, bf16-pure 2 + 2 + 4."""
+    return state_bytes(params_per_device(cfg, plan)["total"], plan)
 
 
-def collective_counts(text: str) -> dict[str, float]:
+def branch_share(plan) -> dict[int, float] | None:
+    """A pipeline's share of ticks in each branch of its tick switch (the HLO cannot say
+    which branch runs; the tick table can); None outside a pipeline."""
+    return (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).branch_share()
+            if plan.pp > 1 else None)
+
+
+def collective_counts(text: str, share: dict[int, float] | None = None) -> dict[str, float]:
     """Collectives the optimized program (its HLO `text`) runs per step, by kind: an async
-    -start/-done pair once, an op in a loop body once per iteration (jaxscale.measure.hlo)."""
+    -start/-done pair once, an op in a loop body once per iteration, one in a pipeline's
+    tick branch by its `share` of ticks (jaxscale.measure.hlo)."""
     counts: Counter = Counter()
-    for op in hlo.collectives(text):
+    for op in hlo.collectives(text, share):
         counts[op.op] += op.times
     return dict(counts)
 
@@ -76,7 +81,7 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
                "rel_diff": states / (pred["params"] + pred["optimizer"]) - 1,
                "grads_predicted": pred["grads"]}
         if target is not None:
-            row.update(target_figures(compiled, mem, target))
+            row.update(target_figures(compiled, mem, target, branch_share(plan)))
             row.update(target_bytes(compiled.as_text(), step, cfg, plan, batch_size))
         rows.append(row)
     return rows
@@ -96,7 +101,7 @@ def refused_row(name: str, plan, pred: dict, target, message: str) -> dict:
     the compiler's own sentence (what it needs against what is available), and the
     closed form's states beside it."""
     why = message.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
-    return {**refused_bytes(why),
+    return {**memory.refused_bytes(why),
             "name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
             "memory": None, "states_measured": None,
             "states_predicted": pred["params"] + pred["optimizer"], "rel_diff": None,
@@ -107,16 +112,7 @@ def refused_row(name: str, plan, pred: dict, target, message: str) -> dict:
             "sent_by_axis_predicted": None, "sent_predicted_total": None}
 
 
-def refused_bytes(why: str) -> dict:
-    """The compiler's figures in its refusal ("the total memory required for HLO temporaries
-    (33.52G) exceeds available HBM (31.25G)", G = GiB): what the program needs in all and
-    what the chip offers it; None where the sentence has other words."""
-    m = re.search(r"\((?P<need>[\d.]+)G\) exceeds available HBM \((?P<have>[\d.]+)G\)", why)
-    return {"refused_needed_bytes": m and float(m["need"]) * 2**30,
-            "refused_available_bytes": m and float(m["have"]) * 2**30}
-
-
-def target_figures(compiled, mem: dict, target) -> dict:
+def target_figures(compiled, mem: dict, target, share=None) -> dict:
     """What a target adds to a row: the chip's HBM, XLA's figure against it, the code size
     and the collectives the TPU compiler left in the program."""
     analysis = compiled.memory_analysis()
@@ -124,7 +120,7 @@ def target_figures(compiled, mem: dict, target) -> dict:
     needed = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temporaries"] + code
     return {"target": target.name, "hbm_bytes": target.hbm_bytes, "generated_code": code,
             "needed_bytes": needed, "fits": needed <= target.hbm_bytes,
-            "collectives_per_step": collective_counts(compiled.as_text())}
+            "collectives_per_step": collective_counts(compiled.as_text(), share)}
 
 
 def target_bytes(text: str, step, cfg, plan, batch_size: int) -> dict:
@@ -134,11 +130,12 @@ def target_bytes(text: str, step, cfg, plan, batch_size: int) -> dict:
     program's collectives (XLA:TPU folds the loss into the gradients' all-reduce, and may
     reduce a small ZeRO-3 slice with an all-reduce); the difference is its doing."""
     axes = dict(step.mesh.shape) if step.mesh is not None else {}
-    sent = hlo.ring_bytes_by_axis(text, axes)
+    share = branch_share(plan)
+    sent = hlo.ring_bytes_by_axis(text, axes, share)
     pred = (predict(cfg, plan, (batch_size, cfg.seq_len))["sent_by_axis"]
             if predictable(plan, cfg) else None)
     total = lambda by_axis: sum(v for ops in by_axis.values() for v in ops.values())  # noqa: E731
-    return {"collectives_by_axis": hlo.bytes_by_axis(text, axes), "sent_by_axis": sent,
+    return {"collectives_by_axis": hlo.bytes_by_axis(text, axes, share), "sent_by_axis": sent,
             "sent_total": total(sent), "sent_by_axis_predicted": pred,
             "sent_predicted_total": None if pred is None else total(pred)}
 
@@ -178,9 +175,9 @@ def sent_cell(r: dict, fmt) -> str:
 
 
 def abstract_notes(result: dict) -> list[str]:
-    """The rows XLA:TPU refused, in its words; where a target's program sends other bytes
-    than the formula, which collectives, on which axis."""
-    out = [f"{r['name']}: XLA:TPU refused it: {r['refused']}" for r in result["rows"]
+    """The rows the target's compiler refused, in its words; where a target's program sends
+    other bytes than the formula, which collectives, on which axis."""
+    out = [f"{r['name']}: the compiler refused it: {r['refused']}" for r in result["rows"]
            if r.get("refused")]
     for r in result["rows"]:
         if r.get("sent_by_axis") is not None and r.get("sent_by_axis_predicted") is not None:

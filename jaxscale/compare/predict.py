@@ -136,14 +136,20 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
         add("collective-permute", (4 if table.vee else 2) * table.ticks * act, "pp")
         # the shared embeddings' and final LayerNorm's gradients (ZeRO: their dp slices)
         add("all-reduce", _ring(4 * psi["top"] / (k if z else 1), plan.pp), "pp")
-    budget = ("fp32-adam" if plan.precision == "fp32" else
-              "mixed-adam" if pol.master_weights else "bf16")
-    states = cm.states.state_memory(psi["total"], k, z, budget)
-    states = {part: states[part] for part in ("params", "grads", "optimizer")}
-    states["total"] = sum(states.values())
+    states = state_bytes(psi["total"], plan)
     return {"params_per_device": psi["total"], "states": states, "sent": sent,
             "sent_by_axis": by_axis}
 
+
+def state_bytes(n_params: float, plan: Plan) -> dict[str, float]:
+    """Per-device params, grads, optimizer state and their total for `n_params` parameters
+    on a device, by the policy's bytes per parameter and ZeRO over dp: fp32 4 + 4 + 8, the
+    16-bit policies with fp32 master weights 2 + 2 + 12, bf16-pure 2 + 2 + 4."""
+    budget = ("fp32-adam" if plan.precision == "fp32" else
+              "mixed-adam" if precision.policy(plan.precision).master_weights else "bf16")
+    x = cm.states.state_memory(n_params, plan.dp, plan.zero_stage, budget)
+    out = {part: x[part] for part in ("params", "grads", "optimizer")}
+    return {**out, "total": sum(out.values())}
 
 def _ring(n: float, g: int) -> float:
     """Bytes one device sends in a ring all-reduce of n bytes over g devices."""
@@ -196,9 +202,9 @@ def _tensor_parallel(cfg, plan: Plan, psi: dict, act: float, repeats: bool, add)
                  else 6 if plan.pp > 1 else 5 if repeats else 4) * here
     add("all-reduce", _ring(per_micro * m * act, tp), "tp")
     # K and V whole on every tp device: each computes the gradient of the heads its query
-    # heads read, summed over tp once per step (ZeRO: on the dp slices)
-    add("all-reduce", _ring(4 * psi["kv_replicated"] / (plan.dp if plan.zero_stage else 1),
-                            tp), "tp")
+    # heads read, summed over tp once per step, whole (ZeRO slices it after); in a pipeline
+    # once per micro-batch, inside its backward tick
+    add("all-reduce", _ring(4 * psi["kv_replicated"] * (m if plan.pp > 1 else 1), tp), "tp")
 
 
 def _parts(psi: dict) -> dict[str, float]:

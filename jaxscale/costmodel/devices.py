@@ -92,6 +92,7 @@ DEVICES = {
                    50 * G, 8, False, 5e-6),
     "h200": Device("h200", PEAK_FLOPS["h200-sxm"]["bfloat16"], 141 * G, 4.8e12, 450 * G,
                    50 * G, 8, False, 5e-6),
+    # v4 has no compile target (its compile-only devices are TensorCores): its page's 32 GiB
     "tpu-v4": Device("tpu-v4", PEAK_FLOPS["tpu-v4"]["bfloat16"], 32 * 2**30, 1.2e12, 4.5e10,
                      6.25e9, 4096, True, 1e-6),
     "tpu-v5e": Device("tpu-v5e", PEAK_FLOPS["tpu-v5e"]["bfloat16"], TPU_HBM["v5e"], 8.1e11,

@@ -97,7 +97,8 @@ def mesh_axes_of(c: Collective, mesh_axes: dict[str, int]) -> tuple[str, ...]:
 def bytes_by_axis(hlo_text: str, mesh_axes: dict[str, int],
                   branch_share: dict[int, float] | None = None) -> dict[str, dict]:
     """{"tp": {op: {"count", "bytes"}}, "dp": ..., "pp+tp": ...}: per run, per device,
-    scalars (loss, token counts, flags) left out."""
+    ops whose results are all scalars (loss, token counts, flags) left out (a scalar a
+    compiler folds into a tuple op is counted; ring_bytes_by_axis leaves it out)."""
     out: dict[str, dict] = {}
     for c in collectives(hlo_text, branch_share):
         if not any(len(d) for _, d in c.shapes) or not c.times:
@@ -164,14 +165,16 @@ def ring_bytes_by_op(hlo_text: str, branch_share: dict[int, float] | None = None
     return out
 
 
-def ring_bytes_by_axis(hlo_text: str, mesh_axes: dict[str, int]) -> dict[str, dict[str, float]]:
+def ring_bytes_by_axis(hlo_text: str, mesh_axes: dict[str, int],
+                       branch_share: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
     """{"tp": {op: bytes one device sends per run}, "dp": ..., "pp+tp": ...}: ring_bytes_by_op
     split by the mesh axes each collective runs over (see mesh_axes_of), the scalars left
     out even inside a tuple: the figure to set beside compare.predict's "sent_by_axis"
-    for an optimized program, whose compiler merges and rewrites collectives."""
+    for an optimized program, whose compiler merges and rewrites collectives.
+    `branch_share`: as for `collectives` (a pipeline's tick table says it)."""
     n = int(np.prod(list(mesh_axes.values())))
     out: dict[str, dict[str, float]] = {}
-    for c in collectives(hlo_text):
+    for c in collectives(hlo_text, branch_share):
         g = group_size(c, n)
         if not c.tensor_bytes or not c.times or g < 2:
             continue

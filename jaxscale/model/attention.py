@@ -30,6 +30,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax._src import config as jax_config  # shard_map's device-variance check
 
 from jaxscale.runtime.vma import varying_axes, vary
@@ -156,10 +157,20 @@ def _flash_bwd(documents, saved, do):
         dq, dk, dv, _, _ = pallas._flash_attention_bwd(
             False, causal, scale, sizes, debug, (q, k, v, None, segment_ids, o, l, m), do)
     axes = _axes(q, k, v)
-    return vary(dq, axes), vary(dk, axes), vary(dv, axes), None
+    return (*(_cotangent(x, ref, axes) for x, ref in ((dq, q), (dk, k), (dv, v))), None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _cotangent(x, ref, axes):
+    """The kernel's gradient `x` as `ref`'s cotangent: marked varying over every input's
+    axes, then summed over those `ref` does not vary over (a k shared by devices that hold
+    other queries gets each device's share)."""
+    x = vary(x, axes)
+    extra = tuple(a for a in axes if a not in varying_axes(ref))
+    return lax.psum(x, extra) if extra else x
+
 
 def _axes(*xs) -> tuple[str, ...]:
     return tuple(sorted(set().union(*(varying_axes(x) for x in xs))))

@@ -62,7 +62,8 @@ def register(subparsers) -> None:
     b.add_argument("--abstract", action="store_true",
                    help="compile each row without running it: the memory the step needs "
                         "per device (against the chip's HBM with --target) and its time at "
-                        "the datasheet peak (100%% MFU); nothing is timed (default batch 8)")
+                        "the datasheet peak (100%% MFU); nothing is timed, so --steps and "
+                        "--warmup do not apply (default batch 8)")
     b.add_argument("--target", default=None, metavar="NAME",
                    help="with --abstract: compile for one chip of a Cloud TPU slice or an "
                         "NVIDIA GPU from this machine (v5e-4, v5p-8, v6e-4, h100-1; "

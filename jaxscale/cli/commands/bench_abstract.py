@@ -21,7 +21,7 @@ def run_abstract(args) -> int:
         raise UsageError("--profile traces the timed steps, and --abstract runs none: drop one")
     target = _target(args.target) if args.target else None
     device = _device(target) if target else devlib.pick_devices(args.platform)[0]
-    precision = args.precision or ("bf16" if target else "fp32")
+    precision = args.precision or ("fp32" if device.platform == "cpu" else "bf16")
     # auto: the einsum reference (cuDNN's kernel needs the cuDNN library to lower)
     attention = ("einsum" if args.attention == "auto"
                  else resolve_attention(args.attention, device.platform, precision))

@@ -64,6 +64,10 @@ def check_kernels(plans, target, on_cpu: bool, cfg) -> None:
             check_kernel(plan.attention, platform)
         except KernelError as e:
             raise CompareError(f"strategy {name!r}: {e}") from None
+        if plan.attention == "tpu-flash" and plan.cp > 1:
+            raise CompareError(f"strategy {name!r}: with cp > 1 ring attention is the kernel "
+                               "(its blocks are einsums), so tpu-flash would not run: drop "
+                               "attention=tpu-flash or cp")
         if plan.attention == "tpu-flash" and cfg.seq_len % FLASH_BLOCK:
             raise CompareError(f"strategy {name!r}: tpu-flash takes sequences of a multiple "
                                f"of {FLASH_BLOCK} tokens, and the job's are {cfg.seq_len}: "
