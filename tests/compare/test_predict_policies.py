@@ -47,6 +47,8 @@ def lowered_bytes(model: str, layout: str) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("model, layout", [
     ("tiny", "dp=2,tp=2,precision=bf16"),
+    ("tiny", "dp=2,tp=2,precision=fp8-block"),
+    ("tiny-deepseek", "dp=2,tp=2,sp=1,precision=bf16"),
     ("tiny", "dp=4,zero=3,precision=fp16"),
     ("tiny", "pp=2,dp=2,micro_batches=2,precision=bf16-pure"),
     ("tiny", "tp=2,sp=1,remat=full"),
