@@ -203,15 +203,14 @@ def run_abstract(cfg: BenchConfig, device, hbm_bytes: float | None = None) -> di
     try:
         compiled = step.jitted.lower(state, batch).compile()
     except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" not in str(e):
+        why = memory.refusal(e)
+        if why is None:
             raise
-        why = str(e).split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
         return {**row, **memory.refused_bytes(why), "compile_s": time.perf_counter() - t0,
                 "memory": None, "generated_code": None, "needed_bytes": None, "fits": False,
                 "refused": why, "xla_flops_per_token": None}
     mem = memory.memory(compiled)
-    code = int(getattr(compiled.memory_analysis(), "generated_code_size_in_bytes", 0))
-    needed = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temporaries"] + code
+    needed, code = memory.needed_bytes(compiled, mem)
     xla = flopslib.xla_flops(compiled)
     return {**row, "compile_s": time.perf_counter() - t0, "memory": mem,
             "refused_needed_bytes": None, "refused_available_bytes": None,

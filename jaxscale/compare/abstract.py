@@ -23,7 +23,7 @@ from jaxscale.costmodel.units import short_bytes
 from jaxscale.measure import hlo, memory
 from jaxscale.model import optim, transformer as modellib
 from jaxscale.parallel.build import build_train_step
-from jaxscale.parallel.tick_table import tick_table
+from jaxscale.parallel.tick_table import plan_branch_share
 
 
 def predicted_states(cfg, plan) -> dict[str, float]:
@@ -31,13 +31,6 @@ def predicted_states(cfg, plan) -> dict[str, float]:
     policy's bytes per parameter (compare.predict.state_bytes): fp32 4 + 4 + 8, the 16-bit
     policies with fp32 master weights 2 + 2 + 12, bf16-pure 2 + 2 + 4."""
     return state_bytes(params_per_device(cfg, plan)["total"], plan)
-
-
-def branch_share(plan) -> dict[int, float] | None:
-    """A pipeline's share of ticks in each branch of its tick switch (the HLO cannot say
-    which branch runs; the tick table can); None outside a pipeline."""
-    return (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).branch_share()
-            if plan.pp > 1 else None)
 
 
 def collective_counts(text: str, share: dict[int, float] | None = None) -> dict[str, float]:
@@ -68,9 +61,10 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
         try:
             compiled = step.jitted.lower(state, batch).compile()
         except jax.errors.JaxRuntimeError as e:
-            if target is None or "RESOURCE_EXHAUSTED" not in str(e):
+            why = memory.refusal(e)  # the compiler's sentence, when the chip is too small
+            if target is None or why is None:
                 raise
-            rows.append(refused_row(name, plan, pred, target, str(e)))  # XLA:TPU: too big
+            rows.append(refused_row(name, plan, pred, target, why))
             continue
         mem = memory.memory(compiled)
         batch_bytes = 12 * batch_size * cfg.seq_len // plan.rows  # rows over dp x ep
@@ -81,7 +75,7 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
                "rel_diff": states / (pred["params"] + pred["optimizer"]) - 1,
                "grads_predicted": pred["grads"]}
         if target is not None:
-            row.update(target_figures(compiled, mem, target, branch_share(plan)))
+            row.update(target_figures(compiled, mem, target, plan_branch_share(plan)))
             row.update(target_bytes(compiled.as_text(), step, cfg, plan, batch_size))
         rows.append(row)
     return rows
@@ -96,11 +90,10 @@ def abstract_batch(step, devices, batch_size: int, seq: int) -> dict:
     return {"tokens": spec(jnp.int32), "targets": spec(jnp.int32), "mask": spec(jnp.float32)}
 
 
-def refused_row(name: str, plan, pred: dict, target, message: str) -> dict:
-    """A plan XLA:TPU would not compile because it needs more memory than the chip has:
-    the compiler's own sentence (what it needs against what is available), and the
-    closed form's states beside it."""
-    why = message.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
+def refused_row(name: str, plan, pred: dict, target, why: str) -> dict:
+    """A plan the target's compiler would not compile because it needs more memory than
+    the chip has: the compiler's own sentence `why` (what it needs against what is
+    available), and the closed form's states beside it."""
     return {**memory.refused_bytes(why),
             "name": name, "plan": plan.as_dict(), "mesh": mesh_label(plan.as_dict()),
             "memory": None, "states_measured": None,
@@ -115,9 +108,7 @@ def refused_row(name: str, plan, pred: dict, target, message: str) -> dict:
 def target_figures(compiled, mem: dict, target, share=None) -> dict:
     """What a target adds to a row: the chip's HBM, XLA's figure against it, the code size
     and the collectives the TPU compiler left in the program."""
-    analysis = compiled.memory_analysis()
-    code = int(getattr(analysis, "generated_code_size_in_bytes", 0))
-    needed = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temporaries"] + code
+    needed, code = memory.needed_bytes(compiled, mem)
     return {"target": target.name, "hbm_bytes": target.hbm_bytes, "generated_code": code,
             "needed_bytes": needed, "fits": needed <= target.hbm_bytes,
             "collectives_per_step": collective_counts(compiled.as_text(), share)}
@@ -130,7 +121,7 @@ def target_bytes(text: str, step, cfg, plan, batch_size: int) -> dict:
     program's collectives (XLA:TPU folds the loss into the gradients' all-reduce, and may
     reduce a small ZeRO-3 slice with an all-reduce); the difference is its doing."""
     axes = dict(step.mesh.shape) if step.mesh is not None else {}
-    share = branch_share(plan)
+    share = plan_branch_share(plan)
     sent = hlo.ring_bytes_by_axis(text, axes, share)
     pred = (predict(cfg, plan, (batch_size, cfg.seq_len))["sent_by_axis"]
             if predictable(plan, cfg) else None)

@@ -36,9 +36,9 @@ def inside_step(cfg, plan, step, state, devices, batch_size: int, top: int = TOP
     try:
         compiled = step.jitted.lower(state, batch).compile()
     except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" not in str(e):
+        out["refused"] = memory.refusal(e)
+        if out["refused"] is None:
             raise
-        out["refused"] = str(e).split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
         return out
     out["memory"] = memory.memory(compiled)
     rows = (buffers.peak_buffers(compiled)  # XLA:TPU returns none: from its text dump

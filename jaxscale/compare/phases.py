@@ -34,7 +34,7 @@ import jax
 
 from jaxscale.measure import hlo as measure, memory, timing
 from jaxscale.parallel.build import build_train_step
-from jaxscale.parallel.tick_table import tick_table
+from jaxscale.parallel.tick_table import plan_branch_share
 from jaxscale.parallel.plan import Plan
 from jaxscale.parallel.schedules import bubble_over_total
 from jaxscale.runtime import mesh as meshlib, processes as distributed, profiling
@@ -85,9 +85,7 @@ def prepare(name: str, plan: Plan, cfg, params, batches, optimizer, devices) -> 
     laps.lap("lower_s")
     compiled, compile_s, source = timing.compile_timed(lowered)
     laps.lap("compile_s")
-    table = (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual)
-             if plan.pp > 1 else None)
-    hlo, share = lowered.as_text(dialect="hlo"), table.branch_share() if table else None
+    hlo, share = lowered.as_text(dialect="hlo"), plan_branch_share(plan)
     here = next(d for d in devices[:plan.n_devices] if d.process_index == jax.process_index())
     row = {"name": name, "status": "ok", "plan": plan.as_dict(), "n_devices": plan.n_devices,
            "platform": here.platform, "device_kind": here.device_kind, "losses": [],
@@ -101,8 +99,8 @@ def prepare(name: str, plan: Plan, cfg, params, batches, optimizer, devices) -> 
     if jax.process_count() > 1 and step.mesh is not None:  # which bytes leave the process
         row["sent_cross_process"] = measure.ring_bytes_by_op(
             hlo, share, device_process=meshlib.device_process(step.mesh))
-    if table is not None:  # the idle share of the schedule the executor runs (unit ticks)
-        row["idle_schedule"] = table.branch_share()[0]
+    if share is not None:  # the idle share of the schedule the executor runs (unit ticks)
+        row["idle_schedule"] = share[0]
         row["idle_formula"] = float(bubble_over_total(plan.schedule, plan.pp, plan.micro_batches,
                                                     plan.virtual))
     laps.lap("hlo_s")

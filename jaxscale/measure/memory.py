@@ -1,5 +1,6 @@
-"""Per-device memory: XLA's analysis of a compiled program, and the bytes of a tree of
-(sharded) arrays that live on one device."""
+"""Per-device memory: XLA's analysis of a compiled program (and what a chip must hold to
+run it, or the compiler's refusal), and the bytes of a tree of (sharded) arrays that live
+on one device."""
 from __future__ import annotations
 
 import re
@@ -13,6 +14,23 @@ def memory(compiled) -> dict[str, int]:
     return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
             "temporaries": m.temp_size_in_bytes, "aliased": m.alias_size_in_bytes,
             "peak": getattr(m, "peak_memory_in_bytes", 0)}
+
+
+def needed_bytes(compiled, mem: dict | None = None) -> tuple[int, int]:
+    """(what a chip must hold to run the program, its generated code): the arguments, the
+    outputs not aliased to them, the temporaries and the code (`mem`: memory(compiled))."""
+    mem = mem or memory(compiled)
+    code = int(getattr(compiled.memory_analysis(), "generated_code_size_in_bytes", 0))
+    return mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temporaries"] + code, code
+
+
+def refusal(error: Exception) -> str | None:
+    """The compiler's sentence when it refused a program for memory (RESOURCE_EXHAUSTED),
+    else None."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return None
+    return text.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
 
 
 def bytes_on_device(tree, device, arrays_only: bool = True) -> int:

@@ -66,6 +66,13 @@ class TickTable:
         return {k: float(np.mean(self.kind[:, 0] == k)) for k in kinds}
 
 
+def plan_branch_share(plan) -> dict[int, float] | None:
+    """How often each branch of a plan's pipeline tick switch runs (TickTable.branch_share),
+    for measure.collectives, which cannot tell from the HLO; None without a pipeline."""
+    if plan.pp == 1:
+        return None
+    return tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).branch_share()
+
 def _assign(intervals: dict) -> tuple[dict, int]:
     """Slots for (key -> (write tick, read tick)) intervals on one device; a slot is free
     again from the tick it was last read (reads happen before that tick's writes)."""

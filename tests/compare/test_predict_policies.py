@@ -25,7 +25,7 @@ from jaxscale.measure import hlo
 from jaxscale.model import config as model_config, optim, transformer as modellib
 from jaxscale.parallel.build import build_train_step
 from jaxscale.parallel.plan import Plan
-from jaxscale.parallel.tick_table import tick_table
+from jaxscale.parallel.tick_table import plan_branch_share
 
 ROWS = 32
 
@@ -39,8 +39,7 @@ def lowered_bytes(model: str, layout: str) -> tuple[dict, dict]:
     state = jax.eval_shape(init, params)
     text = step.jitted.lower(state, abstract_batch(step, jax.devices(), ROWS, cfg.seq_len)) \
         .as_text(dialect="hlo")
-    share = (tick_table(plan.schedule, plan.pp, plan.micro_batches, plan.virtual).branch_share()
-             if plan.pp > 1 else None)  # a pipeline's tick branches, each by its share
+    share = plan_branch_share(plan)  # a pipeline's tick branches, each by its share
     return (hlo.ring_bytes_by_axis(text, dict(step.mesh.shape), share),
             predict(cfg, plan, (ROWS, cfg.seq_len))["sent_by_axis"])
 
