@@ -75,8 +75,9 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
                "rel_diff": states / (pred["params"] + pred["optimizer"]) - 1,
                "grads_predicted": pred["grads"]}
         if target is not None:
-            row.update(target_figures(compiled, mem, target, plan_branch_share(plan)))
-            row.update(target_bytes(compiled.as_text(), step, cfg, plan, batch_size))
+            text, share = compiled.as_text(), plan_branch_share(plan)  # each made once
+            row.update(target_figures(compiled, mem, target, text, share))
+            row.update(target_bytes(text, share, step, cfg, plan, batch_size))
         rows.append(row)
     return rows
 
@@ -105,23 +106,23 @@ def refused_row(name: str, plan, pred: dict, target, why: str) -> dict:
             "sent_by_axis_predicted": None, "sent_predicted_total": None}
 
 
-def target_figures(compiled, mem: dict, target, share=None) -> dict:
+def target_figures(compiled, mem: dict, target, text: str, share=None) -> dict:
     """What a target adds to a row: the chip's HBM, XLA's figure against it, the code size
-    and the collectives the TPU compiler left in the program."""
+    and the collectives the TPU compiler left in the program (`text`, its optimized HLO)."""
     needed, code = memory.needed_bytes(compiled, mem)
     return {"target": target.name, "hbm_bytes": target.hbm_bytes, "generated_code": code,
             "needed_bytes": needed, "fits": needed <= target.hbm_bytes,
-            "collectives_per_step": collective_counts(compiled.as_text(), share)}
+            "collectives_per_step": collective_counts(text, share)}
 
 
-def target_bytes(text: str, step, cfg, plan, batch_size: int) -> dict:
+def target_bytes(text: str, share, step, cfg, plan, batch_size: int) -> dict:
     """The target program's collectives by mesh axis (count and result bytes), the ring
     bytes each chip sends per step by axis, and compare.predict's beside them where it
     models the plan (None elsewhere). The compiler may merge, split or rewrite the
     program's collectives (XLA:TPU folds the loss into the gradients' all-reduce, and may
-    reduce a small ZeRO-3 slice with an all-reduce); the difference is its doing."""
+    reduce a small ZeRO-3 slice with an all-reduce); the difference is its doing. `share`:
+    a pipeline's tick-branch shares (tick_table.plan_branch_share)."""
     axes = dict(step.mesh.shape) if step.mesh is not None else {}
-    share = plan_branch_share(plan)
     sent = hlo.ring_bytes_by_axis(text, axes, share)
     pred = (predict(cfg, plan, (batch_size, cfg.seq_len))["sent_by_axis"]
             if predictable(plan, cfg) else None)

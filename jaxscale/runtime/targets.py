@@ -130,6 +130,14 @@ def check_available(target: Target) -> None:
                           "version), then run again")
 
 
+def available_target(name: str) -> Target:
+    """The Target `name` stands for, its compiler installed here (else TargetError: the
+    valid names, or the install command). What every --target option checks first."""
+    target = parse_target(name)
+    check_available(target)
+    return target
+
+
 def gpu_compiler_found() -> bool:
     """Whether XLA:GPU can compile here: jax's CUDA plugin (CUDA 12 or 13) and ptxas, from
     the nvcc wheel or a CUDA toolkit on PATH."""

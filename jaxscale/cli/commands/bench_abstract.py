@@ -49,8 +49,7 @@ def _target(name: str):
     """The target NAME with its compiler installed (else one line: what to install)."""
     from jaxscale.runtime import targets
     try:
-        target = targets.parse_target(name)
-        targets.check_available(target)
+        target = targets.available_target(name)
     except targets.TargetError as e:
         raise UsageError(str(e)) from None
     return target

@@ -21,8 +21,7 @@ def checked_target(name: str, devices: int | None):
     from jaxscale.compare.strategies import CompareError
     from jaxscale.runtime import targets
     try:
-        target = targets.parse_target(name)
-        targets.check_available(target)
+        target = targets.available_target(name)
     except targets.TargetError as e:
         raise CompareError(str(e)) from None
     if devices not in (None, target.n_devices):

@@ -247,8 +247,7 @@ def _target(args):
         raise cm.CostModelError("--verify N needs --target NAME and --model (a preset or a "
                                 "config.json): it compiles the model for the target")
     try:
-        target = targets.parse_target(args.target)
-        targets.check_available(target)
+        target = targets.available_target(args.target)
     except targets.TargetError as e:
         raise cm.CostModelError(str(e)) from None
     if args.devices != target.n_devices:
