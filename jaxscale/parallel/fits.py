@@ -60,14 +60,12 @@ def check_experts(cfg: ModelConfig, plan) -> None:
         return
     later = [what for what, on in (
         (f"schedule {plan.schedule} (a split backward)", plan.schedule in SPLIT),
-        ("ZeRO-3", plan.zero_stage == 3),
-        (f"moe_every={cfg.moe_every} (interleaved experts)", cfg.moe_every > 1),
         (f"first_dense={cfg.first_dense} (dense blocks first)", cfg.first_dense > 0)) if on]
     if later:
         raise PlanError(f"a mixture of experts in a pipeline (pp={plan.pp}) runs with the "
-                        f"schedules whose backward is one action, ZeRO 0-2 and experts in "
-                        f"every block, not yet with {' or '.join(later)}; choose from "
-                        f"{', '.join(s for s in SCHEDULES if s not in SPLIT)}, zero<=2, "
+                        f"schedules whose backward is one action and with stages of alike "
+                        f"blocks, not yet with {' or '.join(later)}; choose from "
+                        f"{', '.join(s for s in SCHEDULES if s not in SPLIT)}, "
                         "or pp=1")
 
 
@@ -94,6 +92,11 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
     if plan.pp > 1 and cfg.n_layers % (plan.pp * v):
         raise PlanError(f"pp x virtual = {plan.pp} x {v} = {plan.pp * v} chunks must divide "
                         f"the {cfg.n_layers} layers; {_chunk_choices(cfg.n_layers, plan.pp, v)}")
+    groups, n = cfg.n_layers // cfg.moe_every, cfg.moe_every
+    if plan.pp > 1 and n > 1 and groups % (plan.pp * v):
+        raise PlanError(f"pp x virtual = {plan.pp * v} chunks must each hold whole groups "
+                        f"of moe_every={n} blocks (the {cfg.n_layers} layers make {groups}); "
+                        f"{_chunk_choices(groups, plan.pp, v)}")
     if plan.cp > 1:
         try:
             context.check_layout(cfg.seq_len, plan.cp)

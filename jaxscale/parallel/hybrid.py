@@ -43,7 +43,8 @@ from jaxscale.parallel.canonical import Canonical, param_infos
 from jaxscale.parallel.step import PlanStep, shard_step
 from jaxscale.parallel.data_parallel import accumulated_value_and_grad
 from jaxscale.parallel.fits import check_divisible, splits_kv_heads
-from jaxscale.parallel.mesh_layouts import is_spec, layer_order, mesh_layout, state_flat_specs
+from jaxscale.parallel.mesh_layouts import (is_spec, layer_order, mesh_layout, reorder,
+                                            state_flat_specs)
 from jaxscale.parallel.pipeline import pipeline_value_and_grad
 from jaxscale.parallel.schedules import VEE
 from jaxscale.parallel.tick_table import tick_table
@@ -72,7 +73,8 @@ def build_hybrid(model_cfg, graphdef, plan, optimizer: optax.GradientTransformat
     devices = list(jax.devices() if devices is None else devices)[:plan.n_devices]
     mesh = meshlib.make_mesh(plan.mesh_shape, devices)
     specs = param_specs(logical, plan, model_cfg.kv_heads)
-    order = layer_order(model_cfg.n_layers, plan.pp, plan.virtual, plan.schedule in VEE)
+    order = layer_order(model_cfg.n_layers // model_cfg.moe_every, plan.pp, plan.virtual,
+                        plan.schedule in VEE)  # (of groups, with interleaved experts)
     check_elementwise(jax.eval_shape(optimizer.init, shapes), shapes,
                       who="tensor/pipeline parallelism")
     layout = mesh_layout(plan, shapes, specs, order, mesh)
@@ -210,8 +212,8 @@ def _init(plan, optimizer, pol, layout, mesh, specs, state_specs, order):
                                  out_specs=state_specs))
     placement = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec)
 
-    def init(params32):  # (a stack of interleaved blocks is never reordered: pp=1)
+    def init(params32):
         blocks = params32["blocks"] if list(order) == sorted(order) else jax.tree.map(
-            lambda x: x[jnp.asarray(order)], params32["blocks"])
+            lambda x: reorder(x, order), params32["blocks"])
         return make(jax.device_put({**params32, "blocks": blocks}, placement))
     return init

@@ -27,15 +27,26 @@ def is_spec(x) -> bool:
 def layer_order(n_layers: int, pp: int, v: int, vee: bool = False) -> list[int]:
     """Interleaving: device s holds virtual stages s, s+p, ... (in a V, zbv: s and 2p-1-s;
     actions.place), so the stacked layer axis is reordered such that each device's
-    contiguous share is its chunks in order."""
+    contiguous share is its chunks in order. With interleaved experts (every n-th block)
+    the order is of groups of n blocks (`n_layers`: the groups; see `reorder`)."""
     per = n_layers // (pp * v)
     return [Action("F", 0, c, s).virtual_stage(pp, vee) * per + i for s in range(pp)
             for c in range(v) for i in range(per)]
 
 
+def reorder(x, perm):
+    """A stacked tensor's layer axis in the order `perm` of its groups: each of the
+    len(perm) groups holds x.shape[0] / len(perm) entries, in order (one per block without
+    interleaved experts; with them n per-block entries, n - 1 dense MLPs or one set of
+    experts: model.stack)."""
+    per = x.shape[0] // len(perm)
+    grouped = x.reshape(len(perm), per, *x.shape[1:])[jnp.asarray(perm)]
+    return grouped.reshape(x.shape)
+
+
 def _reorder(x, info, perm):
     """A stacked (block) tensor's layers in the order `perm` (None: as they are)."""
-    return x[jnp.asarray(perm)] if info.stacked and perm is not None else x
+    return reorder(x, perm) if info.stacked and perm is not None else x
 
 
 class HybridCanonical:
@@ -68,7 +79,7 @@ def _reorder_history(history, perm):
     """fp8-delayed's histories with the blocks' layers in the order `perm` (None: as they are)."""
     if history is None or perm is None:
         return history
-    return {**history, "blocks": jax.tree.map(lambda h: h[jnp.asarray(perm)], history["blocks"])}
+    return {**history, "blocks": jax.tree.map(lambda h: reorder(h, perm), history["blocks"])}
 
 
 class MeshLayout(HybridCanonical, layouts.Replicated):

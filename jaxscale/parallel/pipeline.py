@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxscale.model import fp8_history, moe, transformer as modellib
+from jaxscale.model import fp8_history, moe, stack, transformer as modellib
 from jaxscale.model.config import GPT2, Family
 from jaxscale.model.loss import logits_nll_and_count
 from jaxscale.parallel.axes import DP, PP
@@ -102,8 +102,8 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
         # are fine there: a stage's tp group always takes the same branch)
         mine = jax.tree.map(lambda x: vary(x, axes), params)
         acc = Accumulate(history, (dp_axis, pp_axis))  # (and fp8-delayed's amaxes)
-        per_chunk = jax.tree.leaves(params["blocks"])[0].shape[0] // v
-        fns = _Stage(units, stage, last_device, v, m, per_chunk, count)
+        per_chunk = stack.depth(params["blocks"]) // v  # blocks in a chunk
+        fns = _Stage(units, stage, last_device, v, m, count)
         b, t = mbs["tokens"].shape[1:]
         d = d_model or params["tok_embed"].shape[-1]
         act = vary(jnp.zeros((b, t, d), params["tok_embed"].dtype), axes)
@@ -142,12 +142,11 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
 
 
 def _units(units, plan, tp_axis, family):
-    """(embed, layers, head) of a stage: ZeRO-3's `units` (whose layers return no
-    statistics: no experts there), or the model's own, its layers with the routers'
-    figures."""
+    """(embed, layers, head) of a stage: ZeRO-3's `units` or the model's own, their layers
+    returning the routers' figures beside the activations ({} for dense blocks)."""
     if units is not None:
-        embed, plain, head = units
-        return embed, lambda blocks, h: (plain(blocks, h), {}), head
+        embed, layers, head = units
+        return embed, lambda blocks, h: layers(blocks, h, stats=True), head
     return (lambda prm, tokens: modellib.embed(prm, tokens, family=family),
             lambda blocks, h: modellib.layers_with_stats(
                 blocks, h, plan.remat, tp_axis, attention=plan.attention, unroll=plan.unroll,
@@ -160,13 +159,17 @@ class _Stage:
     head's loss (first stage embeds, last applies the head: selected with `where`), the
     forward of a chunk, and what a backward differentiates."""
 
-    def __init__(self, units, stage, last_device, v, m, per_chunk, count):
+    def __init__(self, units, stage, last_device, v, m, count):
         self.units, self.stage, self.last_device = units, stage, last_device
-        self.v, self.m, self.per_chunk, self.count = v, m, per_chunk, count
+        self.v, self.m, self.count = v, m, count
 
     def blocks(self, blocks, chunk):
-        return jax.tree.map(lambda b: lax.dynamic_slice_in_dim(b, chunk * self.per_chunk,
-                                                               self.per_chunk), blocks)
+        """The chunk's share of each stacked entry: 1/v of its layer axis (interleaved
+        experts: whole groups, so the dense MLP's and the experts' stacks are shorter)."""
+        def share(b):
+            size = b.shape[0] // self.v
+            return lax.dynamic_slice_in_dim(b, chunk * size, size)
+        return jax.tree.map(share, blocks)
 
     def head_loss(self, prm, h, mb):
         return logits_nll_and_count(self.units[2](prm, h), mb)[0] / self.count
