@@ -243,15 +243,19 @@ def _experts(cfg, plan: Plan, tokens: int, add, repeats: bool = False) -> None:
     parallel the router's gradient [d, E] summed over tp in each backward (its input is
     each tp device's own copy of the tokens). A pipeline stage runs its layers' forward
     twice (F, and B's recomputation); the load of the micro-batches' worst layers (m
-    floats) then meets over pp once per step (jaxscale.model.moe.over_stages). A remat
-    that repeats collectives (`repeats`) runs each forward twice as well. The loads and
-    the router's gradient stay fp32 under every precision."""
+    floats) then meets over pp once per step (jaxscale.model.moe.over_stages). A split
+    backward (zero-bubble) runs it three times (F, B's and W's recomputations) and
+    transposes both all-to-alls twice (B for the input's gradient, W for the weights').
+    A remat that repeats collectives (`repeats`) runs each forward twice as well. The
+    loads and the router's gradient stay fp32 under every precision."""
     e, m = cfg.n_experts, plan.micro_batches
     backwards = cfg.moe_layers // plan.pp * m  # this device's layers' backward passes
-    forwards = backwards * (2 if plan.pp > 1 or repeats else 1)
+    split = plan.pp > 1 and plan.schedule in SPLIT
+    forwards = backwards * (3 if split else 2 if plan.pp > 1 or repeats else 1)
     places = moe.capacity(tokens, e, cfg.family)
     if plan.ep > 1:
-        add("all-to-all", 2 * (forwards + backwards) * (plan.ep - 1) / plan.ep * e * places
+        transposes = backwards * (2 if split else 1)
+        add("all-to-all", 2 * (forwards + transposes) * (plan.ep - 1) / plan.ep * e * places
             * cfg.d_model * 4, "ep")
     axes = [a for a in ("dp", "ep", "cp", "tp") if getattr(plan, a) > 1]
     g = math.prod(getattr(plan, a) for a in axes)

@@ -57,8 +57,8 @@ def _need_split(k: int, axis: str, n: int, cfg) -> int:
 def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
     """The Plan a strategy name stands for on n devices (see STRATEGIES), if the model
     runs under it: the ep strategies need experts, and a mixture of experts runs without
-    FP8, and in a pipeline without ZeRO-3 or interleaved experts (a default set leaves
-    out what it refuses: jaxscale.parallel.fits.check_experts)."""
+    FP8, and in a pipeline without dense first blocks (a default set leaves out what it
+    refuses: jaxscale.parallel.fits.check_experts)."""
     plan = _plan(name, n, cfg)
     try:
         check_experts(cfg, plan)
@@ -69,7 +69,7 @@ def strategy_plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
 
 def _plan(name: str, n: int, cfg: model_config.ModelConfig) -> Plan:
     tp_ok = lambda k: cfg.n_heads % k == 0 and all(w % k == 0 for w in cfg.mlp_widths)  # noqa: E731
-    pp_ok = lambda k: cfg.n_layers % k == 0  # noqa: E731
+    pp_ok = lambda k: cfg.n_layers // cfg.moe_every % k == 0  # noqa: E731 (whole groups)
     if name == CONTROL:
         return Plan(micro_batches=2)
     if name not in NAMES:

@@ -58,15 +58,16 @@ def check_experts(cfg: ModelConfig, plan) -> None:
                         "without FP8")
     if plan.pp == 1:
         return
-    later = [what for what, on in (
-        (f"schedule {plan.schedule} (a split backward)", plan.schedule in SPLIT),
-        (f"first_dense={cfg.first_dense} (dense blocks first)", cfg.first_dense > 0)) if on]
-    if later:
-        raise PlanError(f"a mixture of experts in a pipeline (pp={plan.pp}) runs with the "
-                        f"schedules whose backward is one action and with stages of alike "
-                        f"blocks, not yet with {' or '.join(later)}; choose from "
-                        f"{', '.join(s for s in SCHEDULES if s not in SPLIT)}, "
-                        "or pp=1")
+    if cfg.first_dense:
+        raise PlanError(f"a mixture of experts in a pipeline (pp={plan.pp}) needs stages of "
+                        f"alike blocks, not yet with first_dense={cfg.first_dense} (dense blocks "
+                        "first); use pp=1")
+    if plan.schedule in SPLIT and cfg.moe_every > 1:
+        raise PlanError(f"interleaved experts (moe_every={cfg.moe_every}) in a pipeline run "
+                        f"with the schedules whose backward is one action, not yet with "
+                        f"schedule {plan.schedule} (a split backward); choose from "
+                        f"{', '.join(s for s in SCHEDULES if s not in SPLIT)}, or experts in "
+                        "every block")
 
 
 def check_latent(cfg: ModelConfig, plan) -> None:

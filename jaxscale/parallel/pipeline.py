@@ -22,8 +22,9 @@ The first virtual stage embeds the tokens, the last applies the head and the los
 stage runs the same program (SPMD), so the embedding and head are computed everywhere and
 selected with `where`: simple, and cheap next to the blocks in real models.
 A mixture of experts' routers add their objective to every chunk's backward (each router
-learns on its own stage), and their figures, summed over the forward ticks, are joined
-over pp at the end (jaxscale.model.moe.over_stages). With ep, the rows are split over dp
+learns on its own stage; a split backward: in B and in W), and their figures, summed over
+the forward ticks, are joined over pp at the end (jaxscale.model.moe.over_stages).
+Interleaved experts (every n-th block) reach each chunk in whole groups of n blocks. With ep, the rows are split over dp
 and ep (`batch_axes`): the experts' all-to-alls run inside the F and B branches, where
 every device of an ep group takes the same branch, as a stage's dp replicas do.
 """
@@ -110,11 +111,10 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
         ct, held = (jnp.float32(1.0) if multiplier is None else multiplier), ()
         if table.split:  # B's boundary activations and their gradients, waiting for W
             parts = StageParts(
-                units[0], lambda p_l, h: modellib.block(p_l, h, tp_axis, plan.attention,
-                                                        family=family),
+                units[0], _split_block(tp_axis, plan.attention, family, m),
                 fns.head_loss, fns.blocks, None if plan.remat == "none"
                 else modellib.REMAT_POLICIES[plan.remat], plan.unroll)
-            branches = _split_branches(parts, fns.forward, stage, mine, last_device, v,
+            branches = _split_branches(parts, fns.forward, stage, mine, last_device, v, m,
                                        reduction, ct, acc)
             held = (jnp.zeros((table.wslots, per_chunk + 1, *act.shape), act.dtype) + act,) * 2
         else:
@@ -217,35 +217,46 @@ def _joint_branches(fns: _Stage, mine, p, v, m, stage, reduction, ct, acc):
     return branches
 
 
-def _split_branches(parts, stage_fn, stage, mine, last_device, v, reduction, ct, acc):
+def _split_block(tp_axis, attention, family, m):
+    """A split backward's block: (h, its router's objective / m, None for a dense block)."""
+    def block(p_l, h):
+        h, stats = modellib.block_with_stats(p_l, h, tp_axis, attention, family=family)
+        return h, stats["objective"] / m if stats else None
+    return block
+
+
+def _split_branches(parts, stage_fn, stage, mine, last_device, v, m, reduction, ct, acc):
     """idle, F, B (input gradient) and W (weights) for a zero-bubble schedule; B writes its
     boundary activations and gradients into `held` (slot now.wslot), W reads them there.
-    Under fp8-delayed W reports the amaxes (it runs every product's backward again). (No
-    mixture of experts: fits.check_experts refuses it, so the routers' figures are {}.)"""
+    Under fp8-delayed W reports the amaxes (it runs every product's backward again). A
+    mixture of experts' routers: their objective in B and W (split_backward), their
+    figures from F (as the joint backward's)."""
     def branches(now, x, dy, mb, grads, loss, stats, held):
         first = (stage == 0) & (now.chunk == 0)
         last = (stage == last_device) & (now.chunk == v - 1)
         nothing = zeros_like(x), zeros_like(x), jax.tree.map(zeros_like, grads)
         (hs, gs), zero = held, zeros_like(loss)
+        no_stats = jax.tree.map(zeros_like, stats)
 
         def idle():
-            return *nothing, zero, stats, held
+            return *nothing, zero, no_stats, held
 
         def forward():
-            y, loss_j, _ = acc.model(stage_fn, mine, x, mb, now.chunk)
-            return y, *nothing[1:], loss_j, stats, held
+            y, loss_j, seen = acc.model(stage_fn, mine, x, mb, now.chunk)
+            return y, *nothing[1:], loss_j, moe.per_micro(seen, now.micro, m), held
 
         def backward():
             dx, h_new, g_new = input_gradient(parts, fp8_history.attach(mine, acc.seen), x, mb,
                                               first, last, now.chunk, dy, ct)
-            return (nothing[0], dx, nothing[2], zero, stats,
+            return (nothing[0], dx, nothing[2], zero, no_stats,
                     (hs.at[now.wslot].set(h_new), gs.at[now.wslot].set(g_new)))
 
         def weight():
             d_params = weight_gradient(parts, mine, hs[now.wslot], gs[now.wslot], mb, first,
                                        last, now.chunk, ct, acc.seen)
             d_params = acc.own_head(d_params, last)
-            return *nothing[:2], _per_micro(reduction, d_params, acc), zero, stats, held
+            return (*nothing[:2], _per_micro(reduction, d_params, acc), zero, no_stats,
+                    held)
 
         return [idle, forward, backward, weight]
     return branches

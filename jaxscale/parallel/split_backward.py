@@ -15,6 +15,11 @@ W   for each layer at once (vmap over the layer axis) recomputes the block's for
     h_l and pulls g_{l+1} back to the block's weights; the embedding's gradient from g_0
     (first stage), the head's from h_L and the loss's cotangent (last stage).
 
+A mixture of experts' block also returns its router's objective (its share of the loss,
+already weighted: 1/m per micro-batch). B adds every layer's to the loss it
+differentiates, so each g_l carries the routers' gradient too; W pulls each layer's
+objective back with the loss's cotangent, beside g_{l+1}.
+
 Cost, next to the joint backward (one forward recompute, then the activations' and the
 weights' gradients): one more forward, W's per-layer recompute. Memory: from B until W a
 micro-batch holds 2(L+1) activations of the stage's width, against one (its input) from F
@@ -36,7 +41,7 @@ class StageParts(NamedTuple):
     """The pieces of a stage, each a pure function of the parameters it is given."""
 
     embed: Callable  # (params, tokens) -> h_0 on the first stage
-    block: Callable  # (one layer's params, h) -> h
+    block: Callable  # (one layer's params, h) -> (h, its router's objective or None)
     head_loss: Callable  # (params, h_L, micro-batch) -> this micro-batch's share of the loss
     chunk_blocks: Callable  # (params["blocks"], chunk) -> this chunk's layers
     remat_policy: object  # a jax.checkpoint policy for each layer's forward, or None
@@ -52,16 +57,19 @@ def input_gradient(parts: StageParts, prm, x, mb, first, last, chunk, dy, ct):
 
     def layer(h, inputs):
         p_l, probe = inputs
-        return parts.block(p_l, h) + probe, h
+        y, objective = parts.block(p_l, h)
+        return y + probe, (h, objective)
 
     if parts.remat_policy is not None:
         layer = jax.checkpoint(layer, policy=parts.remat_policy)
 
     def probed(probes):
         h0 = jnp.where(first, parts.embed(prm, mb["tokens"]).astype(x.dtype), x) + probes[0]
-        h_last, inputs = lax.scan(layer, h0, (blocks, probes[1:]),
-                                  unroll=True if parts.unroll else 1)
+        h_last, (inputs, objectives) = lax.scan(layer, h0, (blocks, probes[1:]),
+                                                unroll=True if parts.unroll else 1)
         loss = jnp.where(last, parts.head_loss(prm, h_last, mb), 0.0)
+        if objectives is not None:  # the routers' (every stage's own)
+            loss = loss + jnp.sum(objectives)
         return (h_last, loss), jnp.concatenate([inputs, h_last[None]])
 
     # the probes vary like x: each device differentiates its own copy (no implicit psum)
@@ -88,12 +96,16 @@ def weight_gradient(parts: StageParts, prm, hs, gs, mb, first, last, chunk, ct,
                        jnp.zeros_like(hs[0]))
         return per_layer, h0, jnp.where(last, parts.head_loss(p, hs[-1], mb), 0.0)
 
-    cts = lambda loss: (gs[1:], jnp.where(first, gs[0], jnp.zeros_like(gs[0])),  # noqa: E731
-                        cotangent(ct, loss))
+    def cts(per_layer, loss):  # the routers' objectives take the loss's cotangent
+        ys, objectives = per_layer
+        own = None if objectives is None else cotangent(
+            jnp.broadcast_to(ct, objectives.shape), objectives)
+        return ((gs[1:], own), jnp.where(first, gs[0], jnp.zeros_like(gs[0])),
+                cotangent(ct, loss))
     if history is None:
         (per_layer, h0, loss), pullback = jax.vjp(outputs, prm)
-        (d_prm,) = pullback(cts(loss))
+        (d_prm,) = pullback(cts(per_layer, loss))
         return d_prm
     (per_layer, h0, loss), pullback = jax.vjp(outputs, prm, history)
-    d_prm, reported = pullback(cts(loss))
+    d_prm, reported = pullback(cts(per_layer, loss))
     return d_prm, fp8_history.newest(reported)

@@ -1,7 +1,8 @@
 """A mixture of experts in a pipeline against one device: each stage's backward takes its
-own routers' objective, their figures are joined over the stages, and the stages hold
-experts in every block or (interleaved, moe_every) whole groups of blocks; with ep, tp, dp
-and ZeRO; the ring bytes at compare.predict's; the layouts refused by name."""
+own routers' objective (a split backward: in B and in W), their figures are joined over
+the stages, and the stages hold experts in every block or (interleaved, moe_every) whole
+groups of blocks; with ep, tp, dp and ZeRO; the ring bytes at compare.predict's; the
+layouts refused by name."""
 import dataclasses
 
 import jax
@@ -25,6 +26,10 @@ PIPELINED = {"pp2-ep2": ("tiny-moe", 2, dict(pp=2, ep=2, micro_batches=2)),
              "pp2-dp2-ep2": ("tiny-moe", 2, dict(pp=2, dp=2, ep=2, micro_batches=2)),
              "pp2-dp2-ep2-zero3": ("tiny-moe", 2, dict(pp=2, dp=2, ep=2, zero_stage=3,
                                                        micro_batches=2)),
+             "zbh1-pp2-ep2-tp2": ("tiny-moe", 2, dict(pp=2, ep=2, tp=2, micro_batches=2,
+                                                      schedule="zb-h1")),
+             "zbv4-pp2-ep2": ("tiny-moe", 4, dict(pp=2, ep=2, micro_batches=4, virtual=2,
+                                                  schedule="zbv")),
              "switch-pp2-ep2": ("tiny-switch", 4, dict(pp=2, ep=2, micro_batches=2)),
              "switch8-pp2-ep2-v2": ("tiny-switch", 8, dict(pp=2, ep=2, micro_batches=2,
                                                            virtual=2, schedule="interleaved")),
@@ -48,8 +53,8 @@ def _run(cfg, params, plan: Plan, batch):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PIPELINED)
 def test_pipelined_experts_equal_one_device(name):
-    """One step (1F1B over pp=2, or interleaved over 2 chunks a device) equals one
-    device's with the same micro-batches (device d's j-th share of its rows in
+    """One step (1F1B over pp=2, interleaved over 2 chunks a device, or zero-bubble: zb-h1,
+    and zbv's V of 2 chunks) equals one device's with the same micro-batches (device d's j-th share of its rows in
     micro-batch j: the router's losses are each micro-batch's): the loss within
     fp32_sum_bound(n), every gradient within 1e-5 relative, the router's figures within
     1e-5 relative; the program's ring bytes per collective equal compare.predict's
@@ -76,15 +81,16 @@ def test_pipelined_experts_equal_one_device(name):
 
 
 @pytest.mark.parametrize("model, layers, plan, words", [
-    ("tiny-moe", 2, dict(ep=2, pp=2, dp=2, micro_batches=4, schedule="zb-h2"),
-     "in a pipeline (pp=2) | not yet with schedule zb-h2 | choose from gpipe, 1f1b, interleaved"),
+    ("tiny-switch", 4, dict(ep=2, pp=2, dp=2, micro_batches=4, schedule="zb-h2"),
+     "in a pipeline run with the schedules whose backward is one action | not yet with "
+     "schedule zb-h2 | choose from gpipe, 1f1b, interleaved"),
     ("tiny-switch", 4, dict(pp=4, micro_batches=4),
      "4 chunks must each hold whole groups of moe_every=2 blocks (the 4 layers make 2) | "
      "with virtual=1 choose pp from [1, 2]"),
     ("tiny-switch", 8, dict(pp=2, virtual=4, micro_batches=2, schedule="interleaved"),
      "8 chunks must each hold whole groups of moe_every=2 | with pp=2 choose virtual from "
      "[1, 2]"),
-], ids=["split-backward", "groups-over-stages", "groups-over-chunks"])
+], ids=["split-interleaved", "groups-over-stages", "groups-over-chunks"])
 def test_pipelined_experts_refused_by_name(model, layers, plan, words):
     """One line naming the bad value and what fits (each phrase of `words`, split at
     " | ", in it), before anything is compiled."""
