@@ -26,6 +26,7 @@ with the dense MLP's or with `experts`, as it does without interleaving.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 DENSE_MLP = ("w1", "w2", "w3", "b1", "b2", "b3")  # a dense block's own entries
@@ -89,6 +90,51 @@ def scan(layer, x, blocks: dict, unroll=1):
             h, stats = layer(h, _block(g, i, n))
         return h, stats
     return lax.scan(group, x, _grouped(blocks, n), unroll=unroll)
+
+
+def scan_blocks(layer, x, blocks: dict, xs, unroll=1):
+    """lax.scan of `layer` ((h, one block's parameters, its own x) -> (h, y)) over the
+    stack block by block, `xs` [depth, ...] giving each block its own: (h, ys [depth, ...]).
+    Interleaved: by groups of n blocks, each block's y alike in structure. (A stack of
+    alike blocks or of interleaved ones; the first blocks dense: `runs` first.)"""
+    n = interleave(blocks)
+    if n == 1:
+        return lax.scan(lambda h, a: layer(h, *a), x, (blocks, xs), unroll=unroll)
+
+    def group(h, a):
+        g, mine = a
+        ys = []
+        for i in range(n):
+            h, y = layer(h, _block(g, i, n), jax.tree.map(lambda t: t[i], mine))
+            ys.append(y)
+        return h, _stacked(ys)
+    h, ys = lax.scan(group, x, (_grouped(blocks, n), _by_group(xs, n)), unroll=unroll)
+    return h, _ungrouped(ys)
+
+
+def map_blocks(fn, blocks: dict, xs):
+    """jax.vmap of `fn` ((one block's parameters, its own x) -> y) over every block of the
+    stack: ys [depth, ...]. Interleaved: over the groups, a group's n blocks written out."""
+    n = interleave(blocks)
+    if n == 1:
+        return jax.vmap(fn)(blocks, xs)
+
+    def group(g, mine):
+        return _stacked([fn(_block(g, i, n), jax.tree.map(lambda t: t[i], mine))
+                         for i in range(n)])
+    return _ungrouped(jax.vmap(group)(_grouped(blocks, n), _by_group(xs, n)))
+
+
+def _stacked(trees: list):
+    return jax.tree.map(lambda *t: jnp.stack(t), *trees)
+
+
+def _by_group(xs, n: int):  # [depth, ...] -> [depth / n, n, ...]
+    return jax.tree.map(lambda t: t.reshape(t.shape[0] // n, n, *t.shape[1:]), xs)
+
+
+def _ungrouped(ys):  # [groups, n, ...] -> [depth, ...]
+    return jax.tree.map(lambda t: t.reshape(-1, *t.shape[2:]), ys)
 
 
 def _grouped(blocks: dict, n: int) -> dict:

@@ -9,7 +9,6 @@ from jaxscale.model import fp8
 from jaxscale.model.config import ModelConfig
 from jaxscale.parallel import context
 from jaxscale.parallel.plan import PlanError
-from jaxscale.parallel.schedules import SCHEDULES, SPLIT
 
 
 def splits_kv_heads(kv_heads: int, tp: int) -> bool:
@@ -62,12 +61,6 @@ def check_experts(cfg: ModelConfig, plan) -> None:
         raise PlanError(f"a mixture of experts in a pipeline (pp={plan.pp}) needs stages of "
                         f"alike blocks, not yet with first_dense={cfg.first_dense} (dense blocks "
                         "first); use pp=1")
-    if plan.schedule in SPLIT and cfg.moe_every > 1:
-        raise PlanError(f"interleaved experts (moe_every={cfg.moe_every}) in a pipeline run "
-                        f"with the schedules whose backward is one action, not yet with "
-                        f"schedule {plan.schedule} (a split backward); choose from "
-                        f"{', '.join(s for s in SCHEDULES if s not in SPLIT)}, or experts in "
-                        "every block")
 
 
 def check_latent(cfg: ModelConfig, plan) -> None:

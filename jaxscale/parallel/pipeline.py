@@ -45,7 +45,7 @@ from jaxscale.parallel.split_backward import StageParts, input_gradient, weight_
 from jaxscale.parallel.step import with_router
 from jaxscale.parallel.tick_accumulate import Accumulate, per_micro as _per_micro
 from jaxscale.parallel.tick_table import TickTable
-from jaxscale.runtime.vma import cotangent, vary, zeros_like
+from jaxscale.runtime.vma import cotangent, vary, varying_axes, zeros_like
 
 class Tick(NamedTuple):
     """One device's row of the tick table: what it does at this tick and where its data
@@ -111,7 +111,7 @@ def pipeline_value_and_grad(plan, table: TickTable, *, reduction: GradReduction,
         ct, held = (jnp.float32(1.0) if multiplier is None else multiplier), ()
         if table.split:  # B's boundary activations and their gradients, waiting for W
             parts = StageParts(
-                units[0], _split_block(tp_axis, plan.attention, family, m),
+                units[0], _split_block(tp_axis, plan.attention, family, m, experts),
                 fns.head_loss, fns.blocks, None if plan.remat == "none"
                 else modellib.REMAT_POLICIES[plan.remat], plan.unroll)
             branches = _split_branches(parts, fns.forward, stage, mine, last_device, v, m,
@@ -217,11 +217,14 @@ def _joint_branches(fns: _Stage, mine, p, v, m, stage, reduction, ct, acc):
     return branches
 
 
-def _split_block(tp_axis, attention, family, m):
-    """A split backward's block: (h, its router's objective / m, None for a dense block)."""
+def _split_block(tp_axis, attention, family, m, experts: bool):
+    """A split backward's block: (h, its router's objective / m); a dense block's, 0 in
+    a model with experts (so interleaved blocks are alike), None in a dense model."""
     def block(p_l, h):
         h, stats = modellib.block_with_stats(p_l, h, tp_axis, attention, family=family)
-        return h, stats["objective"] / m if stats else None
+        if stats:
+            return h, stats["objective"] / m
+        return h, vary(jnp.zeros((), jnp.float32), tuple(sorted(varying_axes(h)))) if experts else None
     return block
 
 

@@ -16,7 +16,8 @@ W   for each layer at once (vmap over the layer axis) recomputes the block's for
     (first stage), the head's from h_L and the loss's cotangent (last stage).
 
 A mixture of experts' block also returns its router's objective (its share of the loss,
-already weighted: 1/m per micro-batch). B adds every layer's to the loss it
+already weighted: 1/m per micro-batch; 0 for the dense blocks between interleaved
+experts, which B and W visit group by group: model.stack.scan_blocks and map_blocks). B adds every layer's to the loss it
 differentiates, so each g_l carries the routers' gradient too; W pulls each layer's
 objective back with the loss's cotangent, beside g_{l+1}.
 
@@ -33,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxscale.model import fp8_history
+from jaxscale.model import fp8_history, stack
 from jaxscale.runtime.vma import cotangent, vary, varying_axes
 
 
@@ -53,10 +54,9 @@ def input_gradient(parts: StageParts, prm, x, mb, first, last, chunk, dy, ct):
     `dy`: the gradient at the stage's output (unused on the last stage); `ct`: the loss's
     cotangent (used only on the last stage)."""
     blocks = parts.chunk_blocks(prm["blocks"], chunk)
-    n = jax.tree.leaves(blocks)[0].shape[0]
+    n = stack.depth(blocks)
 
-    def layer(h, inputs):
-        p_l, probe = inputs
+    def layer(h, p_l, probe):
         y, objective = parts.block(p_l, h)
         return y + probe, (h, objective)
 
@@ -65,8 +65,8 @@ def input_gradient(parts: StageParts, prm, x, mb, first, last, chunk, dy, ct):
 
     def probed(probes):
         h0 = jnp.where(first, parts.embed(prm, mb["tokens"]).astype(x.dtype), x) + probes[0]
-        h_last, (inputs, objectives) = lax.scan(layer, h0, (blocks, probes[1:]),
-                                                unroll=True if parts.unroll else 1)
+        h_last, (inputs, objectives) = stack.scan_blocks(layer, h0, blocks, probes[1:],
+                                                         unroll=True if parts.unroll else 1)
         loss = jnp.where(last, parts.head_loss(prm, h_last, mb), 0.0)
         if objectives is not None:  # the routers' (every stage's own)
             loss = loss + jnp.sum(objectives)
@@ -91,7 +91,7 @@ def weight_gradient(parts: StageParts, prm, hs, gs, mb, first, last, chunk, ct,
     def outputs(p, seen=None):
         p = fp8_history.attach(p, seen)
         blocks = parts.chunk_blocks(p["blocks"], chunk)
-        per_layer = jax.vmap(block)(blocks, hs[:-1])  # every layer at once
+        per_layer = stack.map_blocks(block, blocks, hs[:-1])  # every layer at once
         h0 = jnp.where(first, parts.embed(p, mb["tokens"]).astype(hs.dtype),
                        jnp.zeros_like(hs[0]))
         return per_layer, h0, jnp.where(last, parts.head_loss(p, hs[-1], mb), 0.0)

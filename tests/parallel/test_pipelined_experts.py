@@ -33,6 +33,8 @@ PIPELINED = {"pp2-ep2": ("tiny-moe", 2, dict(pp=2, ep=2, micro_batches=2)),
              "switch-pp2-ep2": ("tiny-switch", 4, dict(pp=2, ep=2, micro_batches=2)),
              "switch8-pp2-ep2-v2": ("tiny-switch", 8, dict(pp=2, ep=2, micro_batches=2,
                                                            virtual=2, schedule="interleaved")),
+             "switch8-zbv4-pp2-ep2": ("tiny-switch", 8, dict(pp=2, ep=2, micro_batches=4,
+                                                             virtual=2, schedule="zbv")),
              "switch-pp2-dp2-ep2-zero3": ("tiny-switch", 4, dict(pp=2, dp=2, ep=2, zero_stage=3,
                                                                  micro_batches=2))}
 
@@ -81,16 +83,13 @@ def test_pipelined_experts_equal_one_device(name):
 
 
 @pytest.mark.parametrize("model, layers, plan, words", [
-    ("tiny-switch", 4, dict(ep=2, pp=2, dp=2, micro_batches=4, schedule="zb-h2"),
-     "in a pipeline run with the schedules whose backward is one action | not yet with "
-     "schedule zb-h2 | choose from gpipe, 1f1b, interleaved"),
     ("tiny-switch", 4, dict(pp=4, micro_batches=4),
      "4 chunks must each hold whole groups of moe_every=2 blocks (the 4 layers make 2) | "
      "with virtual=1 choose pp from [1, 2]"),
     ("tiny-switch", 8, dict(pp=2, virtual=4, micro_batches=2, schedule="interleaved"),
      "8 chunks must each hold whole groups of moe_every=2 | with pp=2 choose virtual from "
      "[1, 2]"),
-], ids=["split-interleaved", "groups-over-stages", "groups-over-chunks"])
+], ids=["groups-over-stages", "groups-over-chunks"])
 def test_pipelined_experts_refused_by_name(model, layers, plan, words):
     """One line naming the bad value and what fits (each phrase of `words`, split at
     " | ", in it), before anything is compiled."""
