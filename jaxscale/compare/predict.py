@@ -73,14 +73,11 @@ REPEATS_COLLECTIVES = ("full", "matmuls")
 def predictable(plan: Plan, cfg: model_config.ModelConfig | None = None) -> bool:
     """Whether `predict` models the plan. Every precision but fp8-delayed (its amax
     histories are reduced too) and every remat policy, except a pipeline under a policy
-    that recomputes collectives, a document mask whose ids would be gathered again, and
-    ZeRO-3 outside a pipeline with several micro-batches (its gathers repeat per
-    micro-batch; in a pipeline they are counted per tick). Every model is modelled, a
-    mixture of experts under every layout it runs."""
+    that recomputes collectives and a document mask whose ids would be gathered again.
+    Every model is modelled, a mixture of experts under every layout it runs."""
     repeats = plan.remat in REPEATS_COLLECTIVES
     return (plan.precision != "fp8-delayed"
-            and not (repeats and (plan.pp > 1 or (cfg is not None and cfg.document_mask)))
-            and not (plan.zero_stage == 3 and plan.micro_batches > 1 and plan.pp == 1))
+            and not (repeats and (plan.pp > 1 or (cfg is not None and cfg.document_mask))))
 
 
 def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, int]) -> dict:
@@ -94,9 +91,8 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
     zero_stage, and ep for a mixture of experts; other plans are refused (see
     `predictable`)."""
     if not predictable(plan, cfg):
-        raise CompareError(f"the prediction covers neither fp8-delayed, a pipeline or a "
-                           f"document mask under remat {'/'.join(REPEATS_COLLECTIVES)}, "
-                           f"nor ZeRO-3 with several micro-batches outside a pipeline; "
+        raise CompareError(f"the prediction covers neither fp8-delayed nor a pipeline or a "
+                           f"document mask under remat {'/'.join(REPEATS_COLLECTIVES)}; "
                            f"got {plan}")
     psi = params_per_device(cfg, plan)
     k, z, m, cp = plan.dp, plan.zero_stage, plan.micro_batches, plan.cp

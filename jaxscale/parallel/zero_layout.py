@@ -203,12 +203,13 @@ class Zero3Layout(ZeroLayout):
     @classmethod
     def dp_bytes(cls, grad_bytes: float, plan, stage3_census=None) -> dict[str, float]:
         """Each unit's gathers, and their transposes' reduce-scatters, from the tensor by
-        tensor census (`stage3_census()`: one unit set; in a pipeline, every tick gathers
-        its chunk's units forward and again in backward, scattering there)."""
+        tensor census (`stage3_census()`: one unit set, once per micro-batch; in a
+        pipeline, every tick gathers its chunk's units forward and again in backward,
+        scattering there)."""
         census = stage3_census()
-        if plan.pp == 1:
-            return {"all-gather": census["all_gather"],
-                    "reduce-scatter": census["reduce_scatter"]}
+        if plan.pp == 1:  # (each micro-batch's forward and backward gather their own)
+            return {"all-gather": plan.micro_batches * census["all_gather"],
+                    "reduce-scatter": plan.micro_batches * census["reduce_scatter"]}
         ticks = plan.micro_batches * plan.virtual
         return {"all-gather": ticks * (census["all_gather"] + census["reduce_scatter"]),
                 "reduce-scatter": ticks * census["reduce_scatter"]}

@@ -61,6 +61,9 @@ def lowered_bytes(model: str, layout: str) -> tuple[dict, dict]:
     # ZeRO, and once per micro-batch in a pipeline (both were predicted wrong before)
     ("tiny-llama", "dp=2,tp=4,zero=1"),
     ("tiny-llama", "pp=2,tp=4,micro_batches=2,precision=bf16"),
+    # ZeRO-3 outside a pipeline gathers and scatters once per micro-batch
+    ("tiny", "dp=4,zero=3,micro_batches=2"),
+    ("tiny-moe", "dp=2,ep=2,tp=2,zero=3,micro_batches=2,precision=bf16"),
 ])
 def test_predicted_bytes_by_axis_equal_the_program(model, layout):
     measured, predicted = lowered_bytes(model, layout)
@@ -75,7 +78,7 @@ def test_predicted_bytes_by_axis_equal_the_program(model, layout):
     ("dp=2,precision=fp8-delayed", False),  # its amax histories are reduced as well
     ("pp=2,micro_batches=2,remat=full", False),  # a pipeline recomputes collectives again
     ("pp=2,micro_batches=2,remat=selective", True),
-    ("dp=4,zero=3,micro_batches=2", False),  # gathers repeat per micro-batch
+    ("dp=4,zero=3,micro_batches=2", True),  # its gathers once per micro-batch
     ("dp=2,tp=2,remat=matmuls,precision=fp16", True),
 ])
 def test_what_the_prediction_models_is_said(layout, modelled):
