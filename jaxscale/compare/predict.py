@@ -199,8 +199,11 @@ def _tensor_parallel(cfg, plan: Plan, psi: dict, act: float, repeats: bool, add)
     add("all-reduce", _ring(per_micro * m * act, tp), "tp")
     # K and V whole on every tp device: each computes the gradient of the heads its query
     # heads read, summed over tp once per step, whole (ZeRO slices it after); in a pipeline
-    # once per micro-batch, inside its backward tick
-    add("all-reduce", _ring(4 * psi["kv_replicated"] * (m if plan.pp > 1 else 1), tp), "tp")
+    # once per micro-batch, inside its backward tick. An FP8 product sums it itself, in
+    # fp32, in every backward (model.fp8: a cotangent made like its primal)
+    fp8_sums = plan.family(cfg).matmul in ("fp8", "fp8-block")
+    add("all-reduce", _ring(4 * psi["kv_replicated"] * (m if plan.pp > 1 or fp8_sums else 1),
+                            tp), "tp", fixed=fp8_sums)
 
 
 def _parts(psi: dict) -> dict[str, float]:

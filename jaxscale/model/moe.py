@@ -52,6 +52,7 @@ from flax import nnx
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxscale.model import fp8
 from jaxscale.model.config import Family, ModelConfig
 from jaxscale.runtime.vma import COLLECTIVE, vary
 
@@ -134,13 +135,16 @@ def combine(outputs, place, gates):
 
 
 def mlp(x, w1, w2, w3, family: Family, lead: str = ""):
-    """The MLP on x [.., C, d] with weights [lead.., d, f]; `lead` "e": one per expert."""
-    up = jnp.einsum(f"{lead}cd,{lead}df->{lead}cf", x, w1)
+    """The MLP on x [.., C, d] with weights [lead.., d, f]; `lead` "e": one per expert.
+    Its products under the family's recipe: native, or fp8-block's tiles (each expert's
+    own: a token's 1 x block tiles, an expert's block x block weight tiles; fp8.blocks)."""
+    dot = fp8.matmul(family.matmul, family.fp8_block)
+    up = dot(f"{lead}cd,{lead}df->{lead}cf", x, w1)
     if family.mlp == "swiglu":
-        hidden = jax.nn.silu(up) * jnp.einsum(f"{lead}cd,{lead}df->{lead}cf", x, w3)
+        hidden = jax.nn.silu(up) * dot(f"{lead}cd,{lead}df->{lead}cf", x, w3)
     else:
         hidden = jax.nn.gelu(up)
-    return jnp.einsum(f"{lead}cf,{lead}fd->{lead}cd", hidden, w2)
+    return dot(f"{lead}cf,{lead}fd->{lead}cd", hidden, w2)
 
 
 def layer(p, x, reduce, family: Family):

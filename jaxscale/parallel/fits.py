@@ -51,10 +51,12 @@ def check_experts(cfg: ModelConfig, plan) -> None:
     if e % plan.ep:
         raise PlanError(f"ep={plan.ep} must divide the {e} experts; choose ep from "
                         f"{[k for k in range(1, e + 1) if e % k == 0]}")
-    if plan.family(cfg).matmul != "native":
-        raise PlanError(f"a mixture of experts runs with dp, ep, tp, pp, cp, sp and ZeRO, "
-                        f"not yet with precision {plan.precision}; use a precision "
-                        "without FP8")
+    if plan.family(cfg).matmul not in ("native", "fp8-block"):
+        raise PlanError(f"a mixture of experts runs in FP8 with a scale per tile (each "
+                        f"token's own, wherever ep sends it), not yet with precision "
+                        f"{plan.precision} (a scale per tensor: an expert's tensor holds "
+                        "other tokens under ep than on one device); use fp8-block or a "
+                        "precision without FP8")
     if plan.pp == 1:
         return
     if cfg.first_dense:
@@ -97,8 +99,12 @@ def check_divisible(cfg: ModelConfig, plan) -> None:
         except context.ContextError as e:
             raise PlanError(str(e)) from None
     if plan.family(cfg).matmul == "fp8-block":  # every product's tiles, on one device
+        widths = (("d_ff", cfg.d_ff, cfg.dense_layers),
+                  ("each expert's d_ff", cfg.expert_d_ff, cfg.moe_layers),
+                  ("the shared experts' d_ff", cfg.n_shared_experts * cfg.expert_d_ff,
+                   cfg.moe_layers))
         dims = {"d_model": cfg.d_model, "head_dim": cfg.head_dim,
-                "d_ff per device": cfg.d_ff // plan.tp}
+                **{f"{name} per device": w // plan.tp for name, w, n in widths if n and w}}
         if plan.fp8_head:
             dims["vocab_size"] = cfg.vocab_size
         try:

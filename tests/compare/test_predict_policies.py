@@ -61,6 +61,11 @@ def lowered_bytes(model: str, layout: str) -> tuple[dict, dict]:
     # ZeRO, and once per micro-batch in a pipeline (both were predicted wrong before)
     ("tiny-llama", "dp=2,tp=4,zero=1"),
     ("tiny-llama", "pp=2,tp=4,micro_batches=2,precision=bf16"),
+    # under FP8 each product sums the K and V gradients that tp does not split itself, in
+    # fp32, once per micro-batch (a mixture of experts' products in fp8-block's tiles)
+    ("tiny-llama", "tp=4,precision=fp8-block"),
+    ("tiny-llama", "dp=2,tp=4,micro_batches=2,precision=fp8"),
+    ("tiny-moe", "ep=2,tp=4,precision=fp8-block"),
     # ZeRO-3 outside a pipeline gathers and scatters once per micro-batch
     ("tiny", "dp=4,zero=3,micro_batches=2"),
     ("tiny-moe", "dp=2,ep=2,tp=2,zero=3,micro_batches=2,precision=bf16"),
