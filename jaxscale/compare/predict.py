@@ -171,14 +171,17 @@ def _tensor_parallel(cfg, plan: Plan, psi: dict, act: float, repeats: bool, add)
     fp32 bytes): the layers' all-reduces, or sp's gathers and scatters; latent
     attention's whole down-projections; grouped K and V that tp does not split."""
     tp, m, here = plan.tp, plan.micro_batches, cfg.n_layers // plan.pp
+    # an FP8 product sums a whole weight's gradient over tp itself, in fp32 (model.fp8)
+    fp8_sums = plan.family(cfg).matmul in ("fp8", "fp8-block")
     if cfg.kv_lora_rank and not plan.sequence_parallel:
         # latent attention's down-projections are whole on every tp device, each using
         # them for its own heads: their gradients all-reduced over tp per layer and
         # micro-batch, in backward (under sp they join the step's reduction instead); the
-        # latents' norm scales among them, summed in fp32 under every policy
+        # latents' norm scales among them, summed in fp32 under every policy, and under
+        # FP8 the down-projections too (each FP8 product sums its weight's gradient itself)
         norms = model_config.attention_params(cfg) - model_config.attention_params(cfg, False)
         per_layer = 2 * (tp - 1) / tp * 4 * here * m
-        add("all-reduce", per_layer * (_latent_parts(cfg)[1] - norms), "tp")
+        add("all-reduce", per_layer * (_latent_parts(cfg)[1] - norms), "tp", fixed=fp8_sums)
         add("all-reduce", per_layer * norms, "tp", fixed=True)
     if plan.sequence_parallel:
         # each all-reduce split in two: per layer 2 all-gathers and 2 reduce-scatters
@@ -201,7 +204,6 @@ def _tensor_parallel(cfg, plan: Plan, psi: dict, act: float, repeats: bool, add)
     # heads read, summed over tp once per step, whole (ZeRO slices it after); in a pipeline
     # once per micro-batch, inside its backward tick. An FP8 product sums it itself, in
     # fp32, in every backward (model.fp8: a cotangent made like its primal)
-    fp8_sums = plan.family(cfg).matmul in ("fp8", "fp8-block")
     add("all-reduce", _ring(4 * psi["kv_replicated"] * (m if plan.pp > 1 or fp8_sums else 1),
                             tp), "tp", fixed=fp8_sums)
 

@@ -66,12 +66,14 @@ def check_experts(cfg: ModelConfig, plan) -> None:
 
 
 def check_latent(cfg: ModelConfig, plan) -> None:
-    """Refuse FP8 for latent attention (its products carry no amax histories yet)."""
-    if cfg.kv_lora_rank and plan.family(cfg).matmul != "native":
+    """Refuse fp8-delayed for latent attention (its products carry no amax histories
+    yet); current scaling (fp8) and fp8-block's tiles need none."""
+    if cfg.kv_lora_rank and plan.family(cfg).matmul == "fp8-delayed":
         raise PlanError(f"latent attention (kv_lora_rank={cfg.kv_lora_rank}) runs with every "
-                        f"layout tested (dp, tp, sp, cp, ep, ZeRO), not yet with precision "
-                        f"{plan.precision}; use a precision "
-                        "without FP8")
+                        f"layout tested (dp, tp, sp, cp, ep, ZeRO) and in FP8 with current "
+                        f"scaling, not yet with precision {plan.precision} (its products "
+                        "carry no amax histories); use fp8, fp8-block or a precision without "
+                        "FP8")
 
 
 def check_divisible(cfg: ModelConfig, plan) -> None:

@@ -66,6 +66,7 @@ def lowered_bytes(model: str, layout: str) -> tuple[dict, dict]:
     ("tiny-llama", "tp=4,precision=fp8-block"),
     ("tiny-llama", "dp=2,tp=4,micro_batches=2,precision=fp8"),
     ("tiny-moe", "ep=2,tp=4,precision=fp8-block"),
+    ("tiny-deepseek", "tp=2,precision=fp8-block"),  # (and the latents' down-projections)
     # ZeRO-3 outside a pipeline gathers and scatters once per micro-batch
     ("tiny", "dp=4,zero=3,micro_batches=2"),
     ("tiny-moe", "dp=2,ep=2,tp=2,zero=3,micro_batches=2,precision=bf16"),
