@@ -73,10 +73,15 @@ REPEATS_COLLECTIVES = ("full", "matmuls")
 def predictable(plan: Plan, cfg: model_config.ModelConfig | None = None) -> bool:
     """Whether `predict` models the plan. Every precision but fp8-delayed (its amax
     histories are reduced too) and every remat policy, except a pipeline under a policy
-    that recomputes collectives and a document mask whose ids would be gathered again.
-    Every model is modelled, a mixture of experts under every layout it runs."""
+    that recomputes collectives, a document mask whose ids would be gathered again, and
+    fp8's current scaling under tp with a split backward (W runs a chunk's layers at
+    once, so the amaxes it maxes over tp are vectors of them, where every other action's
+    are scalars, which the HLO reader leaves out). Every model is modelled, a mixture of
+    experts under every layout it runs."""
     repeats = plan.remat in REPEATS_COLLECTIVES
-    return (plan.precision != "fp8-delayed"
+    split_amaxes = (plan.precision == "fp8" and plan.tp > 1 and plan.pp > 1
+                    and plan.schedule in SPLIT)
+    return (plan.precision != "fp8-delayed" and not split_amaxes
             and not (repeats and (plan.pp > 1 or (cfg is not None and cfg.document_mask))))
 
 
@@ -91,9 +96,9 @@ def predict(cfg: model_config.ModelConfig, plan: Plan, batch_shape: tuple[int, i
     zero_stage, and ep for a mixture of experts; other plans are refused (see
     `predictable`)."""
     if not predictable(plan, cfg):
-        raise CompareError(f"the prediction covers neither fp8-delayed nor a pipeline or a "
-                           f"document mask under remat {'/'.join(REPEATS_COLLECTIVES)}; "
-                           f"got {plan}")
+        raise CompareError(f"the prediction covers neither fp8-delayed, a pipeline or a "
+                           f"document mask under remat {'/'.join(REPEATS_COLLECTIVES)}, "
+                           f"nor fp8 under tp with a split backward; got {plan}")
     psi = params_per_device(cfg, plan)
     k, z, m, cp = plan.dp, plan.zero_stage, plan.micro_batches, plan.cp
     pol = precision.policy(plan.precision)
@@ -254,8 +259,8 @@ def _experts(cfg, plan: Plan, tokens: int, add, repeats: bool = False) -> None:
     split = plan.pp > 1 and plan.schedule in SPLIT
     forwards = backwards * (3 if split else 2 if plan.pp > 1 or repeats else 1)
     places = moe.capacity(tokens, e, cfg.family)
+    transposes = backwards * (2 if split else 1)
     if plan.ep > 1:
-        transposes = backwards * (2 if split else 1)
         add("all-to-all", 2 * (forwards + transposes) * (plan.ep - 1) / plan.ep * e * places
             * cfg.d_model * 4, "ep")
     axes = [a for a in ("dp", "ep", "cp", "tp") if getattr(plan, a) > 1]
@@ -268,6 +273,16 @@ def _experts(cfg, plan: Plan, tokens: int, add, repeats: bool = False) -> None:
             fixed=True)
     if plan.pp > 1:
         add("all-reduce", 2 * (plan.pp - 1) / plan.pp * m * 4, "pp", fixed=True)
+    if plan.tp > 1 and plan.family(cfg).matmul == "fp8":
+        # current scaling: every expert product's amaxes (one per expert here), its input's
+        # and weight's in each forward, its gradient's in each backward, maxed over tp; a
+        # layer under a checkpoint (ZeRO-3's, a remat policy's) runs its forward again in
+        # backward, amaxes included (no policy saves them)
+        again = backwards if (plan.zero_stage == 3 or plan.remat != "none") and not repeats \
+            else 0
+        products = 3 if cfg.mlp == "swiglu" else 2
+        add("all-reduce", products * (2 * (forwards + again) + transposes)
+            * _ring(4 * e / plan.ep, plan.tp), "tp", fixed=True)
 
 
 def stage3_census(cfg: model_config.ModelConfig, plan: Plan) -> dict[str, float]:

@@ -136,8 +136,10 @@ def combine(outputs, place, gates):
 
 def mlp(x, w1, w2, w3, family: Family, lead: str = ""):
     """The MLP on x [.., C, d] with weights [lead.., d, f]; `lead` "e": one per expert.
-    Its products under the family's recipe: native, or fp8-block's tiles (each expert's
-    own: a token's 1 x block tiles, an expert's block x block weight tiles; fp8.blocks)."""
+    Its products under the family's recipe; in FP8 each expert scales its own tensors
+    (current scaling: its tokens' amax and its weights'; fp8-block: its own tiles)."""
+    if lead and family.matmul != "native":  # one expert at a time, each its own scales
+        return jax.vmap(lambda *a: mlp(*a, family))(x, w1, w2, w3)
     dot = fp8.matmul(family.matmul, family.fp8_block)
     up = dot(f"{lead}cd,{lead}df->{lead}cf", x, w1)
     if family.mlp == "swiglu":

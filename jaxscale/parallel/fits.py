@@ -51,12 +51,11 @@ def check_experts(cfg: ModelConfig, plan) -> None:
     if e % plan.ep:
         raise PlanError(f"ep={plan.ep} must divide the {e} experts; choose ep from "
                         f"{[k for k in range(1, e + 1) if e % k == 0]}")
-    if plan.family(cfg).matmul not in ("native", "fp8-block"):
-        raise PlanError(f"a mixture of experts runs in FP8 with a scale per tile (each "
-                        f"token's own, wherever ep sends it), not yet with precision "
-                        f"{plan.precision} (a scale per tensor: an expert's tensor holds "
-                        "other tokens under ep than on one device); use fp8-block or a "
-                        "precision without FP8")
+    if plan.family(cfg).matmul == "fp8-delayed":
+        raise PlanError(f"a mixture of experts runs in FP8 with current scaling (fp8, "
+                        f"fp8-block: each expert scales its own tensors), not yet with "
+                        f"precision {plan.precision} (its experts carry no amax histories); "
+                        "use fp8, fp8-block or a precision without FP8")
     if plan.pp == 1:
         return
     if cfg.first_dense:

@@ -159,8 +159,8 @@ def test_predicted_bytes_equal_the_program(layout):
 @pytest.mark.parametrize("model, plan, words", [
     ("tiny-moe", dict(ep=3, dp=1), "ep=3 must divide the 8 experts; choose ep from [1, 2, 4, 8]"),
     ("tiny", dict(ep=2), "ep=2 splits a mixture of experts' experts, but the model has none"),
-    ("tiny-moe", dict(ep=2, precision="fp8"), "not yet with precision fp8"),
-], ids=["ep-not-dividing", "dense-model", "fp8"])
+    ("tiny-moe", dict(ep=2, precision="fp8-delayed"), "not yet with precision fp8-delayed"),
+], ids=["ep-not-dividing", "dense-model", "fp8-delayed"])
 def test_expert_layouts_refused_by_name(model, plan, words):
     """One line naming the bad value and what fits (each phrase of `words`, split at
     " | ", in it), before anything is compiled."""
