@@ -64,7 +64,7 @@ def _needs_the_targets_compiler(argv) -> None:
     if "--target" in argv:
         from jaxscale.runtime import targets
         try:
-            targets.check_available(targets.parse_target(argv[argv.index("--target") + 1]))
+            targets.available_target(argv[argv.index("--target") + 1])
         except targets.TargetError as e:
             pytest.skip(str(e))
 
