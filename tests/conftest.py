@@ -71,6 +71,7 @@ assert len(jax.devices("cpu")) == N_DEVICES, jax.devices("cpu")
 # distinct program, subprocesses included)
 COMPILES = {"compile_requests": 0, "cache_hits": 0, "compile_or_load_s": 0.0, "trace_s": 0.0,
             "program_drops": 0, "most_mappings": 0}
+PER_TEST: dict[str, dict] = {}  # nodeid: that test's share of COMPILES
 
 
 def _on_duration(event: str, seconds: float, **_):
@@ -118,13 +119,20 @@ def drop_programs_past(cap: int) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _bounded_mappings():
-    if MAPPING_CAP is None:
-        yield
-        return
-    COMPILES["program_drops"] += drop_programs_past(MAPPING_CAP // 2)
+def _bounded_mappings(request):
+    if MAPPING_CAP is not None:
+        COMPILES["program_drops"] += drop_programs_past(MAPPING_CAP // 2)
+    before = dict(COMPILES)
     yield
-    COMPILES["most_mappings"] = max(COMPILES["most_mappings"], _mappings())
+    if MAPPING_CAP is not None:
+        COMPILES["most_mappings"] = max(COMPILES["most_mappings"], _mappings())
+    # what this test itself compiled (its subprocesses' compiles are not seen here): the
+    # figures by test that benchmarks/suite_time.py ranks
+    PER_TEST[request.node.nodeid] = {
+        "compiles": (COMPILES["compile_requests"] - before["compile_requests"])
+        - (COMPILES["cache_hits"] - before["cache_hits"]),
+        "compile_or_load_s": round(COMPILES["compile_or_load_s"] - before["compile_or_load_s"], 3),
+        "trace_s": round(COMPILES["trace_s"] - before["trace_s"], 3)}
 
 
 def pytest_sessionfinish(session):
@@ -136,6 +144,8 @@ def pytest_sessionfinish(session):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**COMPILES, "compiles": COMPILES["compile_requests"]
                                - COMPILES["cache_hits"]}) + "\n")
+    (out.parent / "by-test").mkdir(exist_ok=True)
+    (out.parent / "by-test" / f"{worker}.json").write_text(json.dumps(PER_TEST, indent=0))
 
 
 def pytest_collection_modifyitems(config, items):
