@@ -79,6 +79,11 @@ def programs(clone: Path) -> dict:
             "distinct_compile_s_at_least": sum(seconds),
             "distinct_programs_over_1s": sum(s >= 1 for s in seconds),
             "distinct_train_steps": sum(p.name.startswith("jit_step-") for p in entries),
+            # the training steps alone, each compiled once: the suite's floor on this machine
+            # is this over its cores, before any other program compiles or any step runs
+            "distinct_train_steps_compile_s_at_least": sum(
+                s for p in entries if p.name.startswith("jit_step-")
+                and (s := compile_seconds(p)) is not None),
             "worker_compiles": sum(w["compiles"] for w in workers),
             "worker_cache_loads": sum(w["cache_hits"] for w in workers),
             "worker_compile_or_load_s": round(sum(w["compile_or_load_s"] for w in workers), 1),
@@ -86,9 +91,33 @@ def programs(clone: Path) -> dict:
             "worker_program_drops": sum(w.get("program_drops", 0) for w in workers)}
 
 
+def by_test(clone: Path, junit: Path, top: int = 15) -> dict:
+    """Where the test-seconds went: what the pytest workers compiled (or loaded) in each
+    test (tests/conftest.py records it by test), the tests that compiled nothing in their
+    own process (their work is in the processes they start: the CLI, several processes,
+    the experiments), and the rest (running steps, Python, the tests' own checks); and the
+    slowest tests with the share of each that was compiling."""
+    import xml.etree.ElementTree as ET
+    per = {}
+    for p in (clone / ".cache" / "suite-compiles" / "by-test").glob("*.json"):
+        per.update(json.loads(p.read_text()))
+    seconds = {case.get("classname").replace(".", "/") + ".py::" + case.get("name"):
+               float(case.get("time")) for case in ET.parse(junit).iter("testcase")}
+    compiled = {k: per.get(k, {}).get("compile_or_load_s", 0.0) for k in seconds}
+    elsewhere = sum(s for k, s in seconds.items() if compiled[k] == 0.0)
+    slowest = sorted(seconds, key=seconds.get, reverse=True)[:top]
+    return {"test_s": round(sum(seconds.values()), 1),
+            "in_process_compile_or_load_s": round(sum(compiled.values()), 1),
+            "tests_compiling_nothing_in_process_s": round(elsewhere, 1),
+            "slowest": [{"test": k, "s": seconds[k], "compile_or_load_s": compiled[k],
+                         "compiles": per.get(k, {}).get("compiles", 0)} for k in slowest]}
+
+
 def suite(clone: Path) -> dict:
-    wall, r = timed(["bash", ".ci/run"], clone)
-    return {"ci_wall_s": wall, **pytest_figures(r, ".ci/run"), **programs(clone)}
+    junit = clone / ".cache" / "suite-junit.xml"
+    wall, r = timed(["bash", ".ci/run"], clone, env={"PYTEST_ADDOPTS": f"--junitxml={junit}"})
+    return {"ci_wall_s": wall, **pytest_figures(r, ".ci/run"), **programs(clone),
+            "by_test": by_test(clone, junit)}
 
 
 def quick(clone: Path) -> dict:
