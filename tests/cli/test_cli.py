@@ -101,6 +101,7 @@ def test_train_end_to_end_json(tmp_path):
     assert (tmp_path / "loss_curve.png").exists() and (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_train_data_parallel_in_process(capsys, tmp_path):
     """8 forced devices are already up in this process: dp=8 with 2 micro-batches."""
     assert main(["train", "--devices", "8", "--mesh", "dp=8", "--micro-batches", "2",
@@ -141,6 +142,7 @@ DIVERGING = ["train", "--steps", "8", "--optimizer", "sgd", "--lr", "1e4", "--wa
              "--eval-every", "100"]
 
 
+@pytest.mark.slow
 def test_nan_loss_exits_1_with_one_line(capsys, tmp_path):
     assert main([*DIVERGING, "--json", "--out", str(tmp_path)]) == 1
     out = capsys.readouterr()

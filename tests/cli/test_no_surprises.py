@@ -56,6 +56,7 @@ def test_async_saves_slower_than_sync_ones_are_noted(cli):
     assert "cannot win" not in cli("failures")
 
 
+@pytest.mark.slow
 def test_a_warmup_longer_than_half_the_run_is_noted_and_recorded(capsys, tmp_path):
     from jaxscale.cli.main import main
 
@@ -68,6 +69,7 @@ def test_a_warmup_longer_than_half_the_run_is_noted_and_recorded(capsys, tmp_pat
     assert r["warmup_steps"] == 2 and r["config"]["warmup"] == 5000
 
 
+@pytest.mark.slow
 def test_idle_devices_are_noted(capsys, tmp_path):
     from jaxscale.cli.main import main
 
@@ -78,6 +80,7 @@ def test_idle_devices_are_noted(capsys, tmp_path):
     assert "the mesh is dp=1, so 7 devices stay idle" in err and "--mesh dp=8" in err
 
 
+@pytest.mark.slow
 def test_a_halted_run_does_not_say_it_diverged(capsys, tmp_path):
     from jaxscale.cli.main import main
 

@@ -147,6 +147,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
         assert w in err, err
 
 
+@pytest.mark.slow
 def test_abstract_compiles_a_big_model_without_running_it(tmp_path):
     """1b on 8 devices, compiled only: XLA's argument bytes equal the closed form."""
     r = run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
@@ -219,6 +220,7 @@ def test_the_bound_comes_from_the_control_and_the_floor():
     assert not any(r["pass"] for r in rows[2:4])
 
 
+@pytest.mark.slow
 def test_mean_of_means_loss_fails_clearly(devices, reference, monkeypatch):
     """A data-parallel loss that averages the shards' means (each shard's NLL divided by its
     own token count) instead of dividing the global NLL sum by the global count."""
@@ -239,6 +241,7 @@ def test_mean_of_means_loss_fails_clearly(devices, reference, monkeypatch):
     assert rows[-1]["max_rel_dloss"] > 100 * noise["tolerance"], (rows[-1], noise)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_averaging_its_partial_sums_fails_clearly(devices, reference,
                                                                    monkeypatch):
     """A row-parallel layer whose partial outputs are averaged (pmean) instead of summed."""
@@ -255,6 +258,7 @@ def test_tensor_parallel_averaging_its_partial_sums_fails_clearly(devices, refer
     assert rows[-1]["max_rel_dloss"] > 100 * noise["tolerance"]
 
 
+@pytest.mark.slow
 def test_the_real_strategies_pass_on_the_same_batches(devices, reference):
     rows = [*reference, _row("dp", devices, dp=8), _row("tp", devices, tp=4)]
     noise = C.judge(rows)

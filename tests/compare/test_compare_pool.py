@@ -107,6 +107,7 @@ def test_a_worker_that_dies_building_fails_that_row_only(capfd):
     _assert_timed_alone(rows)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_timing_has_its_other_rows_built_again(capfd):
     """While one worker builds "slow", the other builds the rest; it dies timing
     "boom-time" with rows built and not yet timed: they are built again (a new worker

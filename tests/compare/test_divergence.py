@@ -27,11 +27,13 @@ def _trace(plan, model="tiny"):
                             optim.adamw(3e-3))
 
 
+@pytest.mark.slow
 def test_a_correct_layout_does_not_part_ways(devices):
     report = _trace(Plan(dp=2, tp=2))
     assert report["first_step"] is None and max(report["loss_rel_diff"]) <= report["tolerance"]
 
 
+@pytest.mark.slow
 def test_a_mean_of_means_is_found_in_the_loss_before_the_blocks(devices, monkeypatch):
     from jax import lax
 
@@ -48,6 +50,7 @@ def test_a_mean_of_means_is_found_in_the_loss_before_the_blocks(devices, monkeyp
     assert report["where"].startswith("before the blocks")
 
 
+@pytest.mark.slow
 def test_a_tensor_parallel_layer_averaging_its_sums_is_found_in_block_0(devices, monkeypatch):
     import jax
 
@@ -61,6 +64,7 @@ def test_a_tensor_parallel_layer_averaging_its_sums_is_found_in_block_0(devices,
     assert [t["blocks"] for t in report["layers"]][:2] == [0, 8]  # no block agrees; all differ
 
 
+@pytest.mark.slow
 def test_compare_traces_on_request_and_says_so(cli, tmp_path):
     res = cli("compare", "--strategies", "dp", "--steps", "3", "--repeats", "3", "--out",
               str(tmp_path), "--trace-divergence", "--json")

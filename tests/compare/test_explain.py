@@ -32,6 +32,7 @@ def test_totals_equal_compares_measured_model_state_to_the_byte(cli, tmp_path):
     assert tok["spec"] == "P(dp)" and tok["replicas"] == 4  # ZeRO-3's slice, whole over tp, pp
 
 
+@pytest.mark.slow
 def test_two_plans_show_what_differs(cli):
     out = cli("explain", "--strategy", "dp=2", "--strategy", "tp=2,precision=bf16",
               "--model", "tiny", "--json")
@@ -55,6 +56,7 @@ def test_the_zero_flag_fires_on_a_copy_the_stage_should_split():
     assert explain._unsharded({**row, "kind": "parameter"}, Plan(dp=4, zero_stage=3))
 
 
+@pytest.mark.slow
 def test_gradient_rows_follow_the_layout_s_reduction(cli):
     """ZeRO-1 reduce-scatters once a step, so its micro-batch accumulator is whole; ZeRO-2
     every micro-batch, so the accumulator is already the dp slice; what both optimizers
@@ -86,6 +88,7 @@ def test_inside_the_step_comes_from_the_compiled_program(cli):
     assert ins["peak_buffers"] and all(b["kind"] == "temporary" for b in ins["peak_buffers"])
 
 
+@pytest.mark.slow
 def test_the_table_and_totals(cli):
     text = cli("explain", "--strategy", "dp=2,zero=1", "--model", "tiny")
     assert "every tensor of the training state" in text and "optimizer slot nu" in text
@@ -113,6 +116,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason='needs libtpu: pip install -e ".[tpu]"')
+@pytest.mark.slow
 def test_a_tpu_target_explained_from_this_machine(tmp_path):
     """--target v5e-4: the step compiled by XLA:TPU is compare --abstract's (the same
     memory figures); XLA:TPU keeps its buffer assignment back, so the peak's buffers come

@@ -77,6 +77,7 @@ def lowered_bytes(model: str, layout: str) -> tuple[dict, dict]:
     ("tiny", "dp=4,zero=3,micro_batches=2"),
     ("tiny-moe", "dp=2,ep=2,tp=2,zero=3,micro_batches=2,precision=bf16"),
 ])
+@pytest.mark.slow
 def test_predicted_bytes_by_axis_equal_the_program(model, layout):
     measured, predicted = lowered_bytes(model, layout)
     assert set(measured) == set(predicted), layout

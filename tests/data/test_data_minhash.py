@@ -60,6 +60,7 @@ def test_signatures_equal_datasketch_bit_for_bit(mode):
     assert np.all(ours[texts.index("")] == EMPTY)  # no shingles: datasketch's empty sketch
 
 
+@pytest.mark.slow
 def test_one_device_eight_devices_and_chunk_sizes_agree():
     texts = _texts(90, seed=1)
     eight = mh.signatures(texts, 32, shingle_hash="fast", docs_per_device=4)

@@ -41,6 +41,7 @@ def test_day4_checks(tmp_path, capsys):
             round(lec["pp_boundary_per_step_MB"])) == (134, 17.2, 268)
 
 
+@pytest.mark.slow
 def test_failures_experiment(tmp_path, capsys):
     from experiments.failures import main
     res = _run(main, tmp_path, capsys)

@@ -28,6 +28,7 @@ def test_known_pair_has_the_jaccard_it_is_built_for():
     assert jaccard(shingle_set(a), shingle_set(b)) == 10 / 18
 
 
+@pytest.mark.slow
 def test_part_a_std_follows_the_formula(lab, tmp_path, monkeypatch):
     monkeypatch.setattr(D, "K_VALUES", (16, 256))
     monkeypatch.setattr(D, "SHA1_K", 16)
@@ -153,6 +154,7 @@ def test_steps_for_tokens_matches_what_train_counts():
     assert D.steps_for_tokens(docs, 64, 0, int(per_step[:7].sum()) + 1) in (7, 8)
 
 
+@pytest.mark.slow
 def test_part_d_runs_end_to_end(lab, tmp_path, monkeypatch):
     small_d(monkeypatch)
     res = D.part_d(lab, tmp_path)

@@ -33,6 +33,7 @@ def test_bad_parts_is_a_usage_error():
     assert r.returncode == 2 and "unknown part(s) xz" in r.stderr
 
 
+@pytest.mark.slow
 def test_naive_adam_drifts_from_optax_but_stays_close():
     """Same maths in another order: not bit-identical, yet close after 100 steps: closer to
     optax than optax is to itself with a learning rate 0.1% higher (the control), by a wide

@@ -41,6 +41,7 @@ def test_documents_are_deterministic_per_seed(corpus):
     assert all(np.array_equal(a, b) for a, b in zip(corpus.val[:16], smaller.val))
 
 
+@pytest.mark.slow
 def test_documents_have_bos_eos_and_variable_length(corpus):
     lengths = np.array([len(d) for d in corpus.train])
     assert all(d[0] == g.BOS_ID and d[-1] == g.EOS_ID for d in corpus.train)
@@ -79,6 +80,7 @@ def test_batch_order_is_seeded(corpus):
     assert np.array_equal(a[0], b[0]) and not np.array_equal(a[0], c[0])
 
 
+@pytest.mark.slow
 def test_floor_agrees_with_monte_carlo(corpus):
     """Three routes to the floor agree within sampling error (3 standard errors).
 

@@ -24,6 +24,7 @@ def tiny(devices, peak, tmp_path_factory):
     return bench.run(cfg, devices[0], peak, profiling.Profiler(where)), where
 
 
+@pytest.mark.slow
 def test_rates_and_mfu_follow_from_the_measured_step(tiny, peak):
     r, _ = tiny
     assert len(r.step_s_all) == 3 and r.step_s == sorted(r.step_s_all)[1]
@@ -44,6 +45,7 @@ def test_the_trace_holds_the_timed_steps_and_not_the_compile(tiny):
     assert profiling.top_ops(where)
 
 
+@pytest.mark.slow
 def test_xla_sees_one_scanned_layer_and_every_unrolled_one(devices, peak, tiny):
     """XLA's cost analysis counts a while loop's body once: with the layers scanned it sees
     a fraction of the model FLOPs, unrolled it sees them all (plus elementwise work)."""
@@ -67,6 +69,7 @@ def test_bad_bench_config(change, message):
         bench.BenchConfig(**change).validate()
 
 
+@pytest.mark.slow
 def test_bench_json_has_every_figure_it_prints(cli):
     out = cli("bench", "--model", "tiny", "--batch", "4,8", "--steps", "2", "--warmup", "0",
               "--json")
@@ -126,6 +129,7 @@ def test_pick_devices_names_the_platforms_and_what_is_present(devices):
         pick_devices("tpu", 1)
 
 
+@pytest.mark.slow
 def test_train_profile_traces_the_steps_after_the_compiling_one(cli, tmp_path):
     out = cli("train", "--model", "tiny", "--steps", "4", "--eval-every", "4", "--batch-size",
               "8", "--out", str(tmp_path / "run"), "--profile", str(tmp_path / "prof"), "--json")
@@ -144,6 +148,7 @@ def test_the_datasheet_column_follows_the_compute_dtype_and_the_platform():
     assert hardware.datasheet_peak("NVIDIA H200", bench.peak_dtype(jnp.bfloat16, "gpu")) == 989e12
 
 
+@pytest.mark.slow
 def test_an_fp8_bench_on_the_cpu_says_it_is_an_emulation(cli):
     out = cli("bench", "--model", "tiny", "--batch", "4", "--steps", "1", "--warmup", "0",
               "--precision", "fp8", "--json")
@@ -152,6 +157,7 @@ def test_an_fp8_bench_on_the_cpu_says_it_is_an_emulation(cli):
                "--json")["fp8"] is None
 
 
+@pytest.mark.slow
 def test_an_abstract_bench_compiles_each_row_and_runs_none(cli):
     """--abstract on this CPU: each row's step compiled on abstract state and never run.
     Its arguments are the state the step builds (parameters, Adam's moments and count)

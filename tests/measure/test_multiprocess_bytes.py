@@ -112,6 +112,7 @@ def test_the_prediction_splits_predict_by_axis_and_adds_up():
 
 @pytest.mark.parametrize("model, name", [("tiny", "dp+pp"), ("tiny", "3d"),
                                          ("tiny-moe", "dp=2,ep=2,cp=2")])
+@pytest.mark.slow
 def test_measured_crossing_bytes_match_the_prediction(devices, model, name):
     """The HLO of a real step, read with the 2 x 4 map, against the placement's prediction:
     the replica groups JAX writes follow the mesh as the prediction assumes, those over

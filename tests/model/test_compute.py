@@ -36,6 +36,7 @@ def _global_rel(a, b) -> float:
 
 
 @pytest.mark.parametrize("model", ["tiny", "small"])
+@pytest.mark.slow
 def test_dot_product_attention_equals_the_einsum_reference(model):
     """jax.nn.dot_product_attention(implementation="xla") on CPU against the written-out
     einsums, fp32. Measured: logits bit-identical (max abs diff 0.0, both lower to the same
@@ -54,6 +55,7 @@ def test_dot_product_attention_equals_the_einsum_reference(model):
 
 
 @pytest.mark.parametrize("model", ["tiny", "small"])
+@pytest.mark.slow
 def test_unrolled_layers_equal_the_scanned_ones(model):
     """The same layers written out L times instead of one loop body: measured bit-identical
     (0.0) on CPU for logits and gradients; bounds as the kernels' above (sums in another
@@ -77,6 +79,7 @@ def test_an_unrolled_program_has_no_loop_and_a_scanned_one_has():
     assert "stablehlo.while" in text[False] and "stablehlo.while" not in text[True]
 
 
+@pytest.mark.slow
 def test_tensor_parallel_heads_split_under_dot_product_attention(devices):
     """tp=2 with the xla kernel against the single-device einsum step: each device runs
     dot_product_attention on its own heads. Bounds as tensor parallelism's own: the loss
@@ -121,6 +124,7 @@ def _loss_bound(ref_loss: float) -> float:
     return float(np.sqrt(batch["mask"].sum()) * np.finfo(np.float32).eps) * ref_loss
 
 
+@pytest.mark.slow
 def test_zero3_takes_the_kernel_and_unrolls_its_gathered_layers(devices, monkeypatch):
     """ZeRO-3 runs its own forward over gathered layers (not model.layers): every attention
     call is traced with the Plan's kernel, the unrolled program has fewer loops than the
@@ -131,6 +135,7 @@ def test_zero3_takes_the_kernel_and_unrolls_its_gathered_layers(devices, monkeyp
     assert abs(loss - ref_loss) <= _loss_bound(ref_loss)
 
 
+@pytest.mark.slow
 def test_a_pipeline_stage_takes_the_kernel_and_the_unrolling(devices, monkeypatch):
     """A pipeline stage runs its share of the layers through model.layers_with_stats (the
     routers' figures beside, for a mixture of experts) with the Plan's

@@ -73,6 +73,7 @@ def test_every_device_of_a_tp_split_scales_it_alike(devices):
 @pytest.mark.parametrize("plan", [dict(dp=2), dict(tp=2), dict(dp=4, zero_stage=3),
                                   dict(pp=2, micro_batches=2), dict(cp=2)],
                          ids=["dp", "tp", "zero3", "pp", "cp"])
+@pytest.mark.slow
 def test_layouts_follow_the_single_device_fp8_step(devices, plan):
     """One step's loss within 1e-4 relative of the single device's fp8 step. Why not fp32
     rounding (~1e-6): dp's and cp's devices scale their own rows and tokens (as one device
@@ -137,6 +138,7 @@ def test_a_block_that_does_not_divide_names_the_tensor():
         fp8.blocks("btd,df->btf", ((2, 3, 200), (200, 64)), 128)
 
 
+@pytest.mark.slow
 def test_block_layouts_follow_the_single_device(devices):
     _, loss, *_ = one_step("tiny8", precision="fp8-block", dp=2, tp=2)
     single = one_step("tiny8", precision="fp8-block")[1]

@@ -20,6 +20,7 @@ KEY = jax.random.PRNGKey(7)
 
 
 @pytest.mark.parametrize("recipe", ["fp8", "fp8-block"])
+@pytest.mark.slow
 def test_each_expert_scales_its_own_tensors(recipe):
     """The experts' batched products in FP8 equal each expert's product on its own (its
     tokens and weights alone, within fp32 rounding: 1e-6 relative), although the experts'
@@ -52,6 +53,7 @@ LAYOUTS = {"fp8-ep2-tp2": ("fp8", dict(ep=2, tp=2)),
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.slow
 def test_expert_layouts_follow_the_single_device_fp8_step(name):
     """One step of tiny-moe in FP8: the loss within 1e-4 relative of the single device's
     step in the same recipe, the bound of the dense layouts (tests/model/test_fp8.py: dp's

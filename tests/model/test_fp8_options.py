@@ -11,6 +11,7 @@ from jaxscale.parallel.plan import Plan, PlanError
 from conftest import KEEP_GRADIENT, one_step, setup
 
 
+@pytest.mark.slow
 def test_a_smaller_tile_reaches_the_mesh_layouts(devices):
     """fp8-block with 16-long tiles: dp x tp follows its own single device within the fp8
     layouts' 1e-4 (tests/model/test_fp8.py says why), and the tile changed the numbers.
@@ -23,6 +24,7 @@ def test_a_smaller_tile_reaches_the_mesh_layouts(devices):
 
 @pytest.mark.parametrize("plan", [dict(dp=4, zero_stage=3), dict(pp=2, micro_batches=2)],
                          ids=["zero3", "pp"])
+@pytest.mark.slow
 def test_an_fp8_head_follows_the_single_device_in_the_layouts_that_run_it_apart(devices,
                                                                               plan):
     """ZeRO-3 runs the head as its own checkpointed unit on gathered slices; a pipeline
@@ -32,6 +34,7 @@ def test_an_fp8_head_follows_the_single_device_in_the_layouts_that_run_it_apart(
     assert abs(loss - single) / single <= 1e-4
 
 
+@pytest.mark.slow
 def test_the_head_option_puts_the_output_projection_under_the_recipe():
     """With fp8_head the tied head (the token table, vocab x d) is one more FP8 product:
     the weights the step casts are the blocks' matmul weights (tests/model/

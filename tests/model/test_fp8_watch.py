@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 
 from jaxscale.model import fp8, fp8_watch, formats
 from jaxscale.parallel.build import build_train_step
@@ -41,6 +42,7 @@ def ref_normal(name):
     return float(ml_dtypes.finfo(getattr(ml_dtypes, name)).smallest_normal)
 
 
+@pytest.mark.slow
 def test_every_product_of_a_step_reports_and_watching_changes_nothing():
     """One fp8 step of tiny (no remat, one micro-batch: each cast runs once): the weights
     the products report add up to the blocks' matmul weights, the three kinds report, and

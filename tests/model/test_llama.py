@@ -109,6 +109,7 @@ def test_forgetting_the_family_fails_loudly():
                                   dict(tp=4, sequence_parallel=True)],
                          ids=["tp4-kv-whole", "tp2-kv-split", "cp2-rope-ring", "fsdp-tp2",
                               "tp4-sp"])
+@pytest.mark.slow
 def test_layouts_of_the_kv_heads_equal_one_device(plan):
     """One step of tiny-llama: tp=4 keeps its 2 k/v heads whole (each device picks its
     own), tp=2 splits them, the cp ring passes rotated keys. The loss within
@@ -122,6 +123,7 @@ def test_layouts_of_the_kv_heads_equal_one_device(plan):
 
 @pytest.mark.parametrize("plan", [dict(dp=2, tp=4, zero_stage=1), dict(pp=2, tp=2, micro_batches=2)],
                          ids=["tp4-kv-whole-zero1", "pp2-tp2-untied-head"])
+@pytest.mark.slow
 def test_the_canonical_form_carries_the_new_tensors(plan):
     """Two steps of momentum SGD under the plan: its canonical state (what a checkpoint
     holds: W3, the untied head, k/v weights of 2 heads, no biases) within 1e-5 relative of
@@ -135,6 +137,7 @@ def test_the_canonical_form_carries_the_new_tensors(plan):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_the_garden_llama_trains_toward_the_entropy_floor():
     """tiny-llama gets within 0.1 nats of the corpus's entropy floor in at most 400 steps
     (measured: 0.034 after 300 steps, where tiny, the GPT preset, is at 0.088)."""

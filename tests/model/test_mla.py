@@ -77,6 +77,7 @@ def _absorbed(p, wo, x, cfg):
 
 
 @pytest.mark.parametrize("q_lora_rank", [16, 0], ids=["q-latent", "q-from-x"])
+@pytest.mark.slow
 def test_latent_attention_equals_its_absorbed_form(q_lora_rank):
     """The layer builds every head's k and v; its absorbed form never does. Equal within
     2e-6 of the output's largest entry (fp32 against fp64, three matmuls deep; measured
@@ -128,6 +129,7 @@ def test_the_cost_model_reads_the_latent_shape(name):
     assert steptime.flops_per_token(shape)["model"] == flops.model_flops_per_token(cfg).total
 
 
+@pytest.mark.slow
 def test_the_dense_first_blocks_scan_apart_and_cut():
     """tiny-deepseek's first block keeps the dense MLP (stack.DENSE), the other two hold the
     experts: the scan runs the two runs in order, and a cut after 1 or 2 blocks is the

@@ -59,6 +59,7 @@ def test_causal_future_tokens_do_not_change_the_past(tiny):
     assert not np.allclose(la[:, 10:], lb[:, 10:])
 
 
+@pytest.mark.slow
 def test_scan_equals_explicit_loop_over_layers(tiny):
     cfg = model_config.preset("tiny")
     tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, cfg.vocab_size)

@@ -28,6 +28,7 @@ def test_mixtral_has_its_published_parameter_counts():
                                              moe_d_ff=48),
                                     dict(n_layers=4, moe_every=2, moe_d_ff=48, bias=True)],
                          ids=["tiny-moe", "shared-gelu", "interleaved"])
+@pytest.mark.slow
 def test_closed_form_counts_the_model_as_built(change):
     """Total: every tensor of the built model. Active: the total less the (E - k) experts a
     token does not use (each expert: d x f x 2 or 3 matrices, no biases)."""
@@ -87,6 +88,7 @@ def test_capacity_keeps_first_choices_first_and_counts_the_dropped():
     assert float(stats["load_max"]) == e / 2  # two experts take every assignment
 
 
+@pytest.mark.slow
 def test_equal_experts_are_one_dense_mlp():
     """Dropless, with every expert the same MLP, the layer's output is that MLP's: the
     gates of a token's experts sum to 1 (max abs diff at fp32 rounding, <= 1e-6)."""
@@ -138,6 +140,7 @@ def test_expert_options_on_a_dense_model_are_refused():
                     moe_every=2)
 
 
+@pytest.mark.slow
 def test_interleaved_experts_are_every_n_th_block_of_a_loop():
     """moe_every=2 on 4 blocks: blocks 2 and 4 route to experts, 1 and 3 run the dense
     MLP. The scanned forward (groups of two blocks per loop step) against the blocks

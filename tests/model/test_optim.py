@@ -186,6 +186,7 @@ def test_defaults_equal_optax_defaults_with_python_floats():
         assert max_abs_diff(mine, ref) == 0.0
 
 
+@pytest.mark.slow
 def test_adamw_mask_skips_decay_where_false():
     graphdef, params, batches = problem()
     mask = jax.tree.map(lambda p: p.ndim > 1, params)  # decay matrices, not biases/norms
@@ -213,6 +214,7 @@ def _closed_form_adam(grads, params, lr, b1, b2, eps, bias_correction, l2):
     ("adam without bias correction", optim.adam(3e-3, bias_correction=False), False, 0.0),
     ("adam_l2", optim.adam_l2(3e-3, l2=0.05), True, 0.05),
 ])
+@pytest.mark.slow
 def test_no_optax_twin_matches_closed_form(name, opt, bias_correction, l2):
     """float32 updates vs the float64 formula on the same gradients, in units of lr: <= 1e-4.
 
@@ -239,6 +241,7 @@ def test_no_optax_twin_matches_closed_form(name, opt, bias_correction, l2):
     assert wrong > 1e-2, (name, wrong)
 
 
+@pytest.mark.slow
 def test_without_bias_correction_early_steps_are_larger():
     graphdef, params, batches = problem()
     g = jax.grad(lambda q: loss_fn(graphdef, q, jax.tree.map(lambda x: x[0], batches)))(params)

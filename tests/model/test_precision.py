@@ -72,6 +72,7 @@ def test_bf16_weight_swallows_a_small_update_that_master_weights_keep():
     assert master.astype(jnp.bfloat16) == jnp.bfloat16(1.0078125)  # ten kept updates show
 
 
+@pytest.mark.slow
 def test_fp32_policy_is_bit_identical_to_the_plain_step():
     graphdef, params, batches = setup()
     opt = optim.adam(3e-3)
@@ -84,6 +85,7 @@ def test_fp32_policy_is_bit_identical_to_the_plain_step():
         np.testing.assert_array_equal(a, c)
 
 
+@pytest.mark.slow
 def test_mixed_precision_keeps_fp32_master_and_optimizer_state():
     graphdef, params, batches = setup()
     opt = optim.adam(3e-3)
@@ -100,6 +102,7 @@ def test_mixed_precision_keeps_fp32_master_and_optimizer_state():
     assert float(m["swallowed"]) < 1e-3
 
 
+@pytest.mark.slow
 def test_dynamic_loss_scaling_skips_on_overflow_and_grows_after_n_finite_steps():
     graphdef, params, batches = setup()
     opt = optim.adam(3e-3)
@@ -125,6 +128,7 @@ def test_dynamic_loss_scaling_skips_on_overflow_and_grows_after_n_finite_steps()
     assert scales == [2.0**10, 2.0**10, 2.0**11, 2.0**11, 2.0**11, 2.0**12]
 
 
+@pytest.mark.slow
 def test_pure_bf16_loses_small_updates():
     graphdef, params, batches = setup()
     opt = optim.sgd(1e-3)

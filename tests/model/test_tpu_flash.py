@@ -30,6 +30,7 @@ def _loss(kernel, segments=None):
     (256, 2, False),  # two blocks, grouped-query attention (k, v repeated to 4 heads)
     (128, 4, True),  # attention kept inside documents
 ])
+@pytest.mark.slow
 def test_tpu_flash_equals_the_reference_in_value_and_gradient(t, kv_heads, documents):
     q, k, v = _inputs(t, kv_heads=kv_heads)
     segments = (jnp.arange(t)[None, :] >= t // 3).astype(jnp.int32).repeat(2, 0) \
@@ -58,6 +59,7 @@ def test_tpu_flash_says_what_it_needs():
 
 
 @pytest.mark.parametrize("layout", ["dp=2", "tp=2"])
+@pytest.mark.slow
 def test_a_sharded_step_with_tpu_flash_has_the_reference_gradient(layout, monkeypatch):
     """Inside shard_map the kernel's outputs are marked varying over its inputs' axes, and
     its own backward keeps those marks from being transposed into psums: one step's whole

@@ -48,6 +48,7 @@ def _ring(cp, layout, devices):
 
 @pytest.mark.parametrize("cp, layout", [(2, "zigzag"), (4, "zigzag"), (8, "zigzag"),
                                         (4, "contiguous")])
+@pytest.mark.slow
 def test_ring_attention_equals_one_device(devices, cp, layout):
     """Outputs and gradients of q, k, v within 1e-5 of the single device (measured: outputs
     5e-7, gradients 1.5e-6 absolute on values of order 1: the online softmax sums the
@@ -147,6 +148,7 @@ def test_context_parallel_step_equals_one_device(layout):
 @pytest.mark.parametrize("plan", [dict(tp=2, sequence_parallel=True),
                                   dict(dp=2, tp=2, zero_stage=3),
                                   dict(dp=2, cp=2, tp=2, sequence_parallel=True, zero_stage=3)])
+@pytest.mark.slow
 def test_sequence_parallel_and_fsdp_tp_gradients_equal_one_device(plan):
     """One step of tiny: the loss, a sum over n = 682 target tokens in another order, within
     fp32_sum_bound(n) = sqrt(n) eps_fp32 = 3.1e-6 relative (measured up to 1.03e-6 on one
@@ -157,6 +159,7 @@ def test_sequence_parallel_and_fsdp_tp_gradients_equal_one_device(plan):
     assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
 
 
+@pytest.mark.slow
 def test_sequence_parallel_splits_each_all_reduce_into_its_halves():
     """tp's activation all-reduces become all-gathers and reduce-scatters of the same bytes
     (HLO), and the parameters tp does not split get their gradients summed over tp."""
@@ -226,6 +229,7 @@ def test_cp_that_does_not_divide_the_sequence_is_refused_before_compiling():
 
 @pytest.mark.parametrize("plan", [dict(dp=4, tp=2, zero_stage=3), dict(dp=4, tp=2, zero_stage=2),
                                   dict(dp=2, cp=2, tp=2, sequence_parallel=True, zero_stage=1)])
+@pytest.mark.slow
 def test_new_layouts_convert_to_the_canonical_state_and_back(plan):
     """Two steps of momentum SGD under the plan, then its canonical state (what a checkpoint
     holds) against the single device's: parameters and momentum within 1e-5 relative (Adam's

@@ -54,6 +54,7 @@ def test_gradients_equal_single_device(devices, dp, micro):
                                         rel=fp32_sum_bound(batches[0]["mask"].sum()))
 
 
+@pytest.mark.slow
 def test_the_other_convention_would_give_dp_times_the_gradient(devices):
     """Differentiating the replicated parameters directly already sums over dp; a psum on
     top of that (a classic bug) gives exactly 8x: the comparison above would catch it."""
@@ -89,6 +90,7 @@ def test_60_step_loss_curve_and_identical_replicas(devices):
     assert worst <= fp32_sum_bound(max(x["mask"].sum() for x in batches), c=3), worst  # 1.1e-6
 
 
+@pytest.mark.slow
 def test_accumulation_equals_one_big_batch_and_mean_of_means_does_not():
     """Day-4 §4.3: micro-batches of 500 / 100 / 400 / 50 target tokens."""
     graphdef, params, _ = setup()

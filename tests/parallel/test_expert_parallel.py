@@ -25,6 +25,7 @@ LAYOUTS = {"ep2": dict(ep=2), "ep4": dict(ep=4), "dp2-ep2": dict(dp=2, ep=2),
 
 
 @pytest.mark.parametrize("plan", LAYOUTS.values(), ids=LAYOUTS.keys())
+@pytest.mark.slow
 def test_expert_layouts_equal_one_device(plan):
     """One step of tiny-moe, dropless: the loss within fp32_sum_bound(n) of the single
     device's, every gradient (the router's and the experts' included, which take the
@@ -50,6 +51,7 @@ def _gradient(plan: Plan, batch, with_metrics=False):
     return (grads, float(metrics["loss"])) + ((metrics,) if with_metrics else ())
 
 
+@pytest.mark.slow
 def test_the_router_learns_per_micro_batch_as_one_device_does():
     """With micro-batches the router's losses are each micro-batch's, over every device's
     share of it: dp=2 x ep=2 with 2 micro-batches equals one device with 2 whose
@@ -81,6 +83,7 @@ def _capacity_run(plan: Plan, factor: float):
     return step(init(params), batch)[1]
 
 
+@pytest.mark.slow
 def test_dropped_tokens_are_counted_as_one_device_counts_them():
     """Capacity is per device, over its own micro-batch's tokens: ep=2 drops what one
     device drops with its batch in 2 micro-batches (the same rows in each group), and a
@@ -91,6 +94,7 @@ def test_dropped_tokens_are_counted_as_one_device_counts_them():
     assert float(_capacity_run(Plan(ep=2), 0.5)["moe_dropped"]) > float(ep["moe_dropped"])
 
 
+@pytest.mark.slow
 def test_the_canonical_form_carries_the_experts():
     """Two steps of momentum SGD under dp=2 x ep=2 with ZeRO-1: the canonical state (the
     experts whole, [L, E, d, f]) within 1e-5 relative of the single device's, and
@@ -169,6 +173,7 @@ def test_expert_layouts_refused_by_name(model, plan, words):
     assert all(w in str(refused.value) for w in words.split(" | ")), str(refused.value)
 
 
+@pytest.mark.slow
 def test_interleaved_experts_split_as_one_device_and_bytes_as_predicted():
     """tiny-moe with 4 blocks, experts in every second (moe_every=2), under dp=2 x ep=2
     (and with ZeRO-3):

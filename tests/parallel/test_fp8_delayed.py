@@ -33,6 +33,7 @@ def _grads(x, w, history, g):
     return jax.grad(f, argnums=(0, 1, 2))(x, w, history)
 
 
+@pytest.mark.slow
 def test_a_product_scales_from_its_history_and_reports_its_amaxes():
     x, w, g = _operands()
     ax, aw = float(jnp.max(jnp.abs(x))), float(jnp.max(jnp.abs(w)))
@@ -60,6 +61,7 @@ def test_an_empty_history_is_current_scaling_bit_for_bit():
     assert all(np.array_equal(a, b) for a, b in zip(_grads(x, w, empty, g)[:2], current))
 
 
+@pytest.mark.slow
 def test_each_step_rolls_its_amaxes_into_the_history():
     cfg, params, batch = setup("tiny")
     init, step = build_train_step(cfg, Plan(precision="fp8-delayed", fp8_history=2),

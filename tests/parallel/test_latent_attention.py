@@ -23,6 +23,7 @@ LAYOUTS = {"tp2": dict(tp=2), "cp2": dict(cp=2),
 
 
 @pytest.mark.parametrize("plan", LAYOUTS.values(), ids=LAYOUTS.keys())
+@pytest.mark.slow
 def test_latent_layouts_equal_one_device(plan):
     """One step: the loss within fp32_sum_bound(n) of the single device's and every
     gradient within 1e-5 relative (measured: losses <= 8.3e-7, gradients <= 9.5e-7; the
@@ -69,6 +70,7 @@ def test_latent_layouts_refused_by_name(plan, words):
         build_train_step(cfg, Plan(**plan), KEEP_GRADIENT)
 
 
+@pytest.mark.slow
 def test_the_divergence_search_cuts_the_dense_blocks_apart():
     """compare's divergence search runs a step on the model of the first n blocks: with all
     3 its loss is the whole model's (one device, the same step), and a cut inside the dense
@@ -80,6 +82,7 @@ def test_the_divergence_search_cuts_the_dense_blocks_apart():
     assert divergence._loss(Plan(), cfg, params, batch, devices, 1, silent=True) > 0
 
 
+@pytest.mark.slow
 def test_latent_attention_in_fp8_follows_the_single_device():
     """Latent attention's products in FP8, current scaling (fp8, on a dense variant of
     tiny-deepseek: a mixture of experts refuses a scale per tensor) and per tile

@@ -50,6 +50,7 @@ def test_activation_slots_gpipe_m_and_1f1b_at_most_p():
         assert tick_table("1f1b", 4, m).slots == min(m, 4)
 
 
+@pytest.mark.slow
 def test_1f1b_keeps_fewer_activations_than_gpipe(devices):
     """memory_analysis of the compiled steps, p = 2, m = 8: GPipe's stash holds 8
     micro-batch inputs per device, 1F1B's 2."""
@@ -85,6 +86,7 @@ def test_three_d_loss_curve_equals_the_single_device(devices):
             <= fp32_sum_bound(max(x["mask"].sum() for x in batches), c=3))
 
 
+@pytest.mark.slow
 def test_three_d_bytes_per_axis_from_the_hlo_match_the_schedule(devices):
     """dp=2, tp=2, pp=2, m=2 on tiny8 (8 layers, 4 per stage): per device and step,
     TP: 2 all-reduces per layer in a forward, 4 in a backward (it recomputes the forward),

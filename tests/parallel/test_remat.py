@@ -31,6 +31,7 @@ def setup():
     return params, batch, compiled
 
 
+@pytest.mark.slow
 def test_gradients_equal_without_remat_to_rounding():
     """Not bit-identical: XLA fuses the recomputed forward differently from the original.
     Measured max |diff| 6e-8 against gradients up to 0.5. Bound: each entry sums the batch's
@@ -53,6 +54,7 @@ def test_recomputation_cuts_temporary_memory():
     assert temp["full"] < 0.6 * temp["none"]  # measured 0.43 at 128 documents
 
 
+@pytest.mark.slow
 def test_remat_in_the_plan_trains(devices):
     params = setup()[0]
     batch = as_arrays(next(garden.make_corpus(0).train_batches(16)))

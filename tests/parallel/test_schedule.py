@@ -348,6 +348,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(schedule_cli, capsys, argv, words)
         assert w in err, err
 
 
+@pytest.mark.slow
 def test_cli_runs_at_its_limits(schedule_cli):
     """The largest runs the limits allow finish (the simulator is plain Python)."""
     assert MAX_STAGES * (MAX_FORWARDS // MAX_STAGES) == MAX_FORWARDS

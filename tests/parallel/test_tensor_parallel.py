@@ -33,6 +33,7 @@ def test_block_output_equals_the_unsharded_block(devices, model, tp):
 
 
 @pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.slow
 def test_loss_and_gradients_equal_the_single_device(devices, tp):
     """Each device sums its heads' partial outputs in another order: measured ~1e-7 of
     each tensor's scale; bound 1e-5 (per tensor, floored at 1e-4 of the largest gradient,

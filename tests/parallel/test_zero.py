@@ -73,6 +73,7 @@ def test_stage_2_with_micro_batches_and_loss_curve_vs_single_device(devices):
             <= fp32_sum_bound(max(x["mask"].sum() for x in setup()[1]), c=3))
 
 
+@pytest.mark.slow
 def test_optimizer_state_per_device_is_one_kth(devices):
     dp, _, _ = run(0)
     z, _, _ = run(1)
@@ -136,6 +137,7 @@ def test_stage_3_equals_plain_dp_and_the_single_device():
             <= fp32_sum_bound(max(x["mask"].sum() for x in setup()[1]), c=3))
 
 
+@pytest.mark.slow
 def test_stage_3_with_micro_batches_and_full_remat_trains_alike(devices):
     z3, losses = whole(3)
     state, losses_m, step = run(3, micro=2, remat="full")

@@ -161,6 +161,7 @@ def test_a_process_builds_only_the_rows_its_devices_hold():
 
 # --- no_sync: accumulation keeps one gradient reduction per step --------------------------
 
+@pytest.mark.slow
 def test_gradient_accumulation_reduces_once_per_step(devices):
     """The HLO of dp=8 with 4 micro-batches sends exactly the bytes of dp=8 with 1: the
     all-reduce runs once, after the accumulation loop (PyTorch needs `no_sync` for it)."""

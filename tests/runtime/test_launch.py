@@ -295,6 +295,7 @@ LAUNCHER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_ctrl_c_reaches_every_child_and_leaves_no_process(bounded):
     env = {k: v for k, v in os.environ.items() if k != "JAXSCALE_LAUNCHED"}
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, FAKE, str(bounded),

@@ -10,6 +10,7 @@ import conftest
 
 
 @pytest.mark.skipif(not conftest.MAPS.exists(), reason="needs Linux's /proc")
+@pytest.mark.slow
 def test_past_the_cap_the_loaded_programs_are_dropped_and_still_run():
     @jax.jit
     def f(x):

@@ -95,6 +95,7 @@ SMALL_LLAMA = {"model_type": "llama", "vocab_size": 1024, "hidden_size": 256,
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_xla_tpu_compiles_each_layout_and_says_what_fits(tmp_path):
     """On v5e-4 (four 16 GiB chips) from this CPU: ZeRO-3's state arguments are its flat
     slices, the closed form's bytes (bf16 weights, fp32 master and Adam moments: 2 + 12
@@ -148,6 +149,7 @@ def test_xla_tpu_compiles_each_layout_and_says_what_fits(tmp_path):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_bench_abstract_compiles_for_one_chip_of_the_target(tmp_path):
     """`bench --abstract --target v5e-4`: the step compiled by XLA:TPU for one v5e chip,
     never run. Batch 8 fits the chip; its floor is the model's FLOPs at the chip's 197
@@ -172,6 +174,7 @@ def test_bench_abstract_compiles_for_one_chip_of_the_target(tmp_path):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_tpu_flash_keeps_the_scores_out_of_the_chips_memory(tmp_path):
     """The same layout compiled by XLA:TPU with the einsum reference and with Pallas's flash
     kernel, at 2,048 tokens: the einsum's temporaries hold each layer's T x T scores (2 rows
@@ -189,6 +192,7 @@ def test_tpu_flash_keeps_the_scores_out_of_the_chips_memory(tmp_path):
     assert flash["states_measured"] == einsum["states_measured"] and flash["fits"]
 
 @needs_libtpu
+@pytest.mark.slow
 def test_plan_verify_compiles_the_planners_best_and_ranks_them_again(tmp_path):
     """`plan --verify 2 --target v5e-4`: the planner's two best layouts for the small Llama,
     each compiled by XLA:TPU; every row has the planner's memory and the compiler's (or the

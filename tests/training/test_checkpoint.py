@@ -56,6 +56,7 @@ def max_diff(a, b) -> float:
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.slow
 def test_every_layout_converts_to_the_single_device_state_and_back_exactly(name):
     """to_canonical of a plan's fresh state IS Plan()'s state (max abs diff 0.0), and
     from_canonical gives the plan's own state back bit for bit. A fresh state's Adam moments
@@ -171,6 +172,7 @@ def test_halt_then_resume_in_process_is_bit_identical(straight, tmp_path):
     assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))
 
 
+@pytest.mark.slow
 def test_an_async_save_in_flight_is_finished_at_exit(tmp_path, monkeypatch):
     """Ctrl-C right after an asynchronous save started: train stops, and the save is
     complete (and resumable) by the time the KeyboardInterrupt reaches the caller."""

@@ -47,6 +47,7 @@ def _leftovers(d) -> list[str]:
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("phase", crash.PHASES)
+@pytest.mark.slow
 def test_ctrl_c_during_a_save_finishes_it_then_stops(tmp_path, monkeypatch, phase, async_save):
     d = tmp_path / "ck"
     monkeypatch.setenv(crash.ENV, f"{phase}@2:INT")  # the 2nd save: step 4
@@ -98,6 +99,7 @@ def test_the_output_folder_holds_one_runs_files(tmp_path, monkeypatch):
     assert json.loads((out / "result.json").read_text())["interrupted"] is True
 
 
+@pytest.mark.slow
 def test_the_cli_names_the_command_that_resumes(tmp_path, monkeypatch, capsys):
     """`jaxscale train` stopped by Ctrl-C inside a save: exit 130, no traceback, and a line
     with the exact command that resumes; that command, run, resumes from the saved step."""

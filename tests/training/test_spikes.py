@@ -112,6 +112,7 @@ def test_a_nan_gradient_is_skipped_with_the_state_bitwise_unchanged(name):
     assert not bits_equal(plain, state)  # ... and that step did move the parameters
 
 
+@pytest.mark.slow
 def test_a_spike_above_the_limit_is_rejected_inside_the_step():
     state, step, batch = _step("single")
     _, m = step(state, batch)
@@ -125,6 +126,7 @@ def test_a_spike_above_the_limit_is_rejected_inside_the_step():
 # The policies in the training loop
 # --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_injected_faults_are_caught_at_their_steps_and_counted():
     logs = []
     r = train(RUN, progress=False, log=lambda m, k="warning": logs.append(m),
@@ -269,6 +271,7 @@ def test_resuming_on_fewer_devices_continues_the_curve(tmp_path, before, after):
     assert np.max(np.abs(a - b) / np.abs(a)) <= 1e-5
 
 
+@pytest.mark.slow
 def test_resuming_onto_a_mesh_that_cannot_keep_the_batch_is_refused(capsys, tmp_path):
     d = tmp_path / "ck"
     train(replace(RUN, spike_policy="none", mesh="dp=8", steps=4), progress=False,

@@ -20,6 +20,7 @@ def setup():
     return graphdef, params, corpus
 
 
+@pytest.mark.slow
 def test_trimming_padding_columns_keeps_the_loss(setup):
     graphdef, params, corpus = setup
     stacked = sweep.stack_batches(corpus, 4, 8, seed=2)
@@ -43,6 +44,7 @@ def test_validation_stack_counts_every_token_once(setup):
     assert val["mask"].sum() == sum(len(d) - 1 for d in corpus.val)
 
 
+@pytest.mark.slow
 def test_grid_point_equals_a_plain_training_run(setup):
     """Run k of a vmapped sweep vs the step-by-step train step at the same learning rate."""
     graphdef, params, corpus = setup

@@ -26,6 +26,7 @@ def _scalars(folder) -> dict[str, dict[int, float]]:
     return out
 
 
+@pytest.mark.slow
 def test_scalars_equal_the_metrics_by_step(cli, tmp_path):
     board = tmp_path / "tb"
     cli("train", "--model", "tiny", "--steps", "8", "--eval-every", "4", "--spike-policy",

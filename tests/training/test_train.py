@@ -49,6 +49,7 @@ def test_loss_is_sum_over_tokens_divided_by_global_count(setup):
 
 
 @pytest.mark.parametrize("opt", [optax.adamw(3e-3), optax.sgd(0.3, momentum=0.9)])
+@pytest.mark.slow
 def test_step_takes_any_optax_transformation_and_learns(setup, opt):
     graphdef, params, b = setup
     step = make_train_step(graphdef, opt)
@@ -86,6 +87,7 @@ def test_same_seed_gives_bit_identical_loss_curve(tmp_path):
     assert saved["param_count"] == model_config.param_count(model_config.preset("tiny"))
 
 
+@pytest.mark.slow
 def test_stop_gap_ends_training_early():
     r = train(TrainConfig(steps=400, eval_every=20, stop_gap=1.0, n_train_docs=256,
                           n_val_docs=64), progress=False)
@@ -201,6 +203,7 @@ def test_loss_curve_turns_logarithmic_when_losses_span_decades(monkeypatch):
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-switch"])
+@pytest.mark.slow
 def test_the_reference_step_is_the_planned_single_device_step(model):
     """make_train_step and build_train_step(Plan()) on one device: the same parameters
     after two Adam steps, bit for bit (max abs diff 0.0), a mixture of experts included:
