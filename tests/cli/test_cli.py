@@ -158,6 +158,7 @@ def test_nan_loss_exits_1_with_one_line(capsys, tmp_path):
     assert jax.config.jax_compilation_cache_dir == str(CACHE)
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_what_ran_and_exits_130(capsys, tmp_path, monkeypatch):
     class CtrlCAtStep2(train_setup.Progress):
         def update(self, step, info):

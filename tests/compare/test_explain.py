@@ -77,6 +77,7 @@ def test_gradient_rows_follow_the_layout_s_reduction(cli):
     assert t["gradient"] == t["parameter"] and t["reduced gradient"] * 2 == t["gradient"]
 
 
+@pytest.mark.slow
 def test_inside_the_step_comes_from_the_compiled_program(cli):
     """The peak buffers add up to XLA's own arguments; the saved activations fit in its
     temporaries (both from the same step: remat none keeps every residual)."""

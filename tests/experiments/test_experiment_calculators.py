@@ -68,6 +68,7 @@ def test_bad_parts(tmp_path):
     assert e.value.code == 2
 
 
+@pytest.mark.slow
 def test_failures_experiment_measured_delta(tmp_path, capsys):
     """Part d: delta measured by a real save of the tiny model, Young's interval from it."""
     from experiments.failures import main

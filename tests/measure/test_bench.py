@@ -37,6 +37,7 @@ def test_rates_and_mfu_follow_from_the_measured_step(tiny, peak):
     assert r.compute_dtype == "float32" and r.compile_s > 0
 
 
+@pytest.mark.slow
 def test_the_trace_holds_the_timed_steps_and_not_the_compile(tiny):
     r, where = tiny
     steps = profiling.step_times(where)

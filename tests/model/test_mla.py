@@ -89,6 +89,7 @@ def test_latent_attention_equals_its_absorbed_form(q_lora_rank):
     assert np.abs(np.asarray(ours, np.float64) - want).max() <= 2e-6 * np.abs(want).max()
 
 
+@pytest.mark.slow
 def test_the_fused_kernel_takes_values_padded_to_the_keys_width():
     """xla's kernel needs v as wide as k: padded with zeros, the output equals einsum's
     within 1e-6 of its largest entry (the two kernels' sums run in other orders)."""

@@ -17,6 +17,7 @@ def _params(name: str, **change):
     return cfg, nnx.to_pure_dict(nnx.state(M.build(cfg), nnx.Param))
 
 
+@pytest.mark.slow
 def test_only_interleaved_stacks_are_walked_by_groups():
     for name, every in (("tiny", 1), ("tiny-moe", 1), ("tiny-switch", 2)):
         assert stack.interleave(_params(name)[1]["blocks"]) == every

@@ -108,6 +108,7 @@ def test_the_canonical_form_carries_the_experts():
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_all_to_all_bytes_are_the_closed_form():
     """ep=4: per MoE layer, forward dispatch and combine and their two transposes in
     backward, each all-to-all E x C x d fp32 elements per device (C: the device's

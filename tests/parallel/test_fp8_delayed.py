@@ -52,6 +52,7 @@ def test_a_product_scales_from_its_history_and_reports_its_amaxes():
     assert float(jnp.max(jnp.abs(reported[:, 1:]))) == 0.0  # only column 0 is new
 
 
+@pytest.mark.slow
 def test_an_empty_history_is_current_scaling_bit_for_bit():
     x, w, g = _operands()
     empty = jnp.zeros((3, 4))

@@ -38,6 +38,7 @@ def test_latent_layouts_equal_one_device(plan):
 @pytest.mark.parametrize("plan", [*LAYOUTS.values(), dict(tp=2, sequence_parallel=True),
                                   dict(tp=2, micro_batches=2), dict(cp=2, attention="xla")],
                          ids=[*LAYOUTS.keys(), "tp2-sp", "tp2-m2", "cp2-xla"])
+@pytest.mark.slow
 def test_latent_bytes_are_predicted(plan):
     """compare.predict's bytes per collective equal the program's: with tp (no sp) the
     latents' gradients all-reduced over tp per layer and micro-batch; under cp the ring's k (heads x

@@ -47,6 +47,7 @@ def test_gradients_equal_without_remat_to_rounding():
         assert diff <= fp32_sum_bound(batch["mask"].sum()) * scale, (policy, diff)
 
 
+@pytest.mark.slow
 def test_recomputation_cuts_temporary_memory():
     _, _, compiled = setup()
     temp = {p: memory.memory(c)["temporaries"] for p, c in compiled.items()}

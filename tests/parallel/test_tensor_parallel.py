@@ -45,6 +45,7 @@ def test_loss_and_gradients_equal_the_single_device(devices, tp):
     assert compare_trees.max_rel_diff(grads, ref) <= 1e-5
 
 
+@pytest.mark.slow
 def test_split_tensors_take_one_tpth_per_device(devices):
     _, _, _, state = one_step("tiny", tp=4)
     on_0 = lambda x: sum(s.data.nbytes for s in x.addressable_shards  # noqa: E731
@@ -57,6 +58,7 @@ def test_split_tensors_take_one_tpth_per_device(devices):
     assert on_0(state.params["tok_embed"]) == state.params["tok_embed"].nbytes
 
 
+@pytest.mark.slow
 def test_two_all_reduces_per_layer_forward_and_two_backward(devices):
     """The forward alone (the loss) has 2 per layer; the whole step 4: backward adds 2."""
     cfg, params, batch = setup("tiny")

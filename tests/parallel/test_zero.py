@@ -147,6 +147,7 @@ def test_stage_3_with_micro_batches_and_full_remat_trains_alike(devices):
     assert rel_diff(step.full_params(state), z3) <= 1e-5
 
 
+@pytest.mark.slow
 def test_stage_3_parameters_stored_as_one_kth():
     state, _, _ = run(3, steps=1)
     on_device_0 = sum(s.data.nbytes for x in jax.tree.leaves(state.params)

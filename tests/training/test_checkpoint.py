@@ -82,6 +82,7 @@ def test_every_layout_converts_to_the_single_device_state_and_back_exactly(name)
     assert max_diff(step.canonical.from_canonical(canonical), state) == 0.0
 
 
+@pytest.mark.slow
 def test_master_weights_and_loss_scale_are_part_of_the_canonical_state():
     init, step, params = built(Plan(dp=8, zero_stage=3), "fp16")
     ref = built(Plan(), "fp16")[0](params)
@@ -192,6 +193,7 @@ def test_an_async_save_in_flight_is_finished_at_exit(tmp_path, monkeypatch):
     assert not [r for r in store.listing(tmp_path / "ck") if not r["complete"]]
 
 
+@pytest.mark.slow
 def test_keep_deletes_the_oldest(straight):
     assert store.complete_steps(straight[1]) == [4, 6, 8]  # keep=3 of 2, 4, 6, 8
     # deleted by a rename into the trash, which is emptied after each save

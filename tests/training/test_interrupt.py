@@ -87,6 +87,7 @@ def test_a_ctrl_c_outside_the_block_is_untouched_and_inside_is_raised_after():
         signal.raise_signal(signal.SIGINT)
 
 
+@pytest.mark.slow
 def test_the_output_folder_holds_one_runs_files(tmp_path, monkeypatch):
     out = tmp_path / "out"
     train(replace(CFG, steps=4), out_dir=out, progress=False)

@@ -141,6 +141,7 @@ def test_injected_faults_are_caught_at_their_steps_and_counted():
     assert any("step 26: spike" in m for m in logs)
 
 
+@pytest.mark.slow
 def test_stop_policy_stops_at_the_spike(tmp_path):
     r = train(replace(RUN, spike_policy="stop"), progress=False, out_dir=tmp_path,
               faults=faults.parse_faults(["spike@26"]))
