@@ -71,7 +71,8 @@ def programs(clone: Path) -> dict:
     pytest workers compiled."""
     cache = clone / ".cache" / "jax-tests"
     entries = [p for p in cache.glob("*-cache")] if cache.exists() else []
-    seconds = [s for s in map(compile_seconds, entries) if s is not None]
+    stored = {p: compile_seconds(p) for p in entries}  # each entry read once
+    seconds = [s for s in stored.values() if s is not None]
     workers = [json.loads(p.read_text())
                for p in (clone / ".cache" / "suite-compiles").glob("*.json")]
     return {"distinct_programs": len(entries),
@@ -82,8 +83,7 @@ def programs(clone: Path) -> dict:
             # the training steps alone, each compiled once: the suite's floor on this machine
             # is this over its cores, before any other program compiles or any step runs
             "distinct_train_steps_compile_s_at_least": sum(
-                s for p in entries if p.name.startswith("jit_step-")
-                and (s := compile_seconds(p)) is not None),
+                s for p, s in stored.items() if p.name.startswith("jit_step-") and s is not None),
             "worker_compiles": sum(w["compiles"] for w in workers),
             "worker_cache_loads": sum(w["cache_hits"] for w in workers),
             "worker_compile_or_load_s": round(sum(w["compile_or_load_s"] for w in workers), 1),

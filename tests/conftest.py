@@ -119,15 +119,21 @@ def drop_programs_past(cap: int) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _bounded_mappings(request):
-    if MAPPING_CAP is not None:
-        COMPILES["program_drops"] += drop_programs_past(MAPPING_CAP // 2)
+def _bounded_mappings():
+    if MAPPING_CAP is None:
+        yield
+        return
+    COMPILES["program_drops"] += drop_programs_past(MAPPING_CAP // 2)
+    yield
+    COMPILES["most_mappings"] = max(COMPILES["most_mappings"], _mappings())
+
+
+@pytest.fixture(autouse=True)
+def _compiles_by_test(request):
+    """What this test itself compiled (its subprocesses' compiles are not seen here): the
+    figures by test that benchmarks/suite_time.py ranks."""
     before = dict(COMPILES)
     yield
-    if MAPPING_CAP is not None:
-        COMPILES["most_mappings"] = max(COMPILES["most_mappings"], _mappings())
-    # what this test itself compiled (its subprocesses' compiles are not seen here): the
-    # figures by test that benchmarks/suite_time.py ranks
     PER_TEST[request.node.nodeid] = {
         "compiles": (COMPILES["compile_requests"] - before["compile_requests"])
         - (COMPILES["cache_hits"] - before["cache_hits"]),
