@@ -1,6 +1,7 @@
 """Day-4 §B.5: two processes, one gradient. DDP and FSDP over gloo against one device.
 
     python -m experiments.multiprocess [--out runs/multiprocess] [--devices-per-process K]
+                                       [--json]
 
 This command is only a supervisor: it starts itself twice on 127.0.0.1 (`--worker 0` and
 `--worker 1`, a free coordinator port, K forced CPU devices each), waits a bounded time,
@@ -23,7 +24,8 @@ rounding differs by a few ulps of each tensor's largest entries (measured: ~1e-6
 in the tied embedding, whose gradient sums the most terms; in-process dp=4 gives the same);
 the all-gathers only copy, so they add nothing. A real mistake (a missing or doubled psum,
 a mean of shard means) is >= 1e-2.
-Only process 0 prints and writes DIR/multiprocess.json.
+Only process 0 prints and writes DIR/multiprocess.json. With --json the supervisor prints
+that file's object on stdout once the job has succeeded, and process 0's tables go to stderr.
 """
 from __future__ import annotations
 
@@ -49,9 +51,20 @@ WAIT_S = 180  # the supervisor's bound on the whole job
 
 # --- the supervisor: start two workers, wait a bounded time, leave no process behind ------
 
-def supervise(out: Path, per: int, wait_s: float) -> int:
+def supervise(out: Path, per: int, wait_s: float, as_json: bool = False) -> int:
+    """Run the job; 0 once both workers exit 0. With `as_json`, process 0's tables go to
+    stderr and its multiprocess.json is printed on stdout (a stale one is removed first, so
+    that a failed job never prints an old result)."""
+    code = _supervise(out, per, wait_s, sys.stderr if as_json else None)
+    if as_json and code == 0:
+        print((out / "multiprocess.json").read_text().strip())
+    return code
+
+
+def _supervise(out: Path, per: int, wait_s: float, main_stdout) -> int:
     from jaxscale.runtime.launcher import child_env, coordinator_port
     out.mkdir(parents=True, exist_ok=True)
+    (out / "multiprocess.json").unlink(missing_ok=True)
     port = coordinator_port()
     print(f"multiprocess: {N_PROCESSES} processes x {per} CPU devices, coordinator "
           f"127.0.0.1:{port}; process 1's output in {out}/process-1.log", file=sys.stderr)
@@ -59,7 +72,7 @@ def supervise(out: Path, per: int, wait_s: float) -> int:
     children, logs = [], []
     try:
         for i in range(N_PROCESSES):  # process 0 speaks on our terminal, the others to a log
-            logs.append(None if i == 0 else open(out / f"process-{i}.log", "wb"))
+            logs.append(main_stdout if i == 0 else open(out / f"process-{i}.log", "wb"))
             argv = [sys.executable, "-m", "experiments.multiprocess", "--worker", str(i),
                     "--port", str(port), "--out", str(out), "--devices-per-process", str(per)]
             children.append(subprocess.Popen(
@@ -88,7 +101,7 @@ def supervise(out: Path, per: int, wait_s: float) -> int:
                 pass
             c.wait()
         for f in logs:
-            if f is not None:
+            if f not in (None, main_stdout):
                 f.close()
 
 
@@ -214,6 +227,9 @@ def main(argv=None) -> int:
                     help="forced CPU devices in each of the two processes (default 2)")
     ap.add_argument("--timeout", type=float, default=WAIT_S, metavar="S",
                     help=f"kill both processes if not done after S seconds (default {WAIT_S})")
+    ap.add_argument("--json", action="store_true",
+                    help="print the result (multiprocess.json) as one JSON object on stdout; "
+                         "the tables go to stderr")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -221,7 +237,7 @@ def main(argv=None) -> int:
         ap.error(f"--devices-per-process {args.devices_per_process}: choose 1 to 8")
     out = Path(args.out)
     if args.worker is None:
-        return supervise(out, args.devices_per_process, args.timeout)
+        return supervise(out, args.devices_per_process, args.timeout, args.json)
     try:
         worker(args.worker, args.port, out, args.devices_per_process)
     except BaseException:  # noqa: BLE001 - exit at once, not after JAX's shutdown barrier

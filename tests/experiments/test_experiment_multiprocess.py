@@ -1,6 +1,7 @@
 """experiments.multiprocess end to end: two JAX processes over gloo (2 CPU devices each)
 compute one step's DDP and FSDP gradients, each building only its own rows of the batch,
-and match one device with the whole batch."""
+and match one device with the whole batch. Run once, with --json: the result on stdout,
+the tables on stderr."""
 import json
 import os
 import signal
@@ -21,8 +22,8 @@ def run(tmp_path_factory):
     env["JAXSCALE_CACHE_DIR"] = str(CACHE)
     # the experiment bounds itself (--timeout) below our own bound, and kills its children
     proc = subprocess.Popen([sys.executable, "-m", "experiments.multiprocess", "--out",
-                             str(out), "--timeout", "200"], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             str(out), "--timeout", "200", "--json"], cwd=ROOT, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         stdout, stderr = proc.communicate(timeout=240)
     except subprocess.TimeoutExpired:
@@ -39,7 +40,7 @@ def run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_ddp_and_fsdp_gradients_match_one_device(run):
-    res, stdout, _ = run
+    res, stdout, stderr = run
     assert res["tolerance_rel"] <= TOLERANCE
     for part in ("a_ddp", "b_fsdp"):
         r = res[part]
@@ -47,7 +48,10 @@ def test_ddp_and_fsdp_gradients_match_one_device(run):
         assert r["max_abs_diff"] < 1e-5, (part, r)
         assert r["within_tolerance"] is True
         assert abs(r["loss"] - res["reference_loss"]) < 1e-5 * res["reference_loss"]
-    assert "gradient of one step vs one device" in stdout and "[Gloo]" not in stdout
+    # --json: stdout is exactly the object written to multiprocess.json, the tables went
+    # to stderr (gloo's own lines too: they must never break the JSON)
+    assert json.loads(stdout) == res
+    assert "gradient of one step vs one device" in stderr and "[Gloo]" not in stdout
 
 
 @pytest.mark.slow
