@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 
 from jaxscale.runtime.gpu_target_config import GPUS, target_config
@@ -171,10 +172,20 @@ def _stderr_kept_back():
             os.close(saved)
 
 
+# JAX writes a compile-only program to the persistent compilation cache like any other, but
+# cannot read it back: the compile-only client has no devices to load it on. Each later
+# compile of the same program warns (a UserWarning of several lines, on every second run of
+# the same `--target` command) and compiles again, as it would without the cache.
+UNREADABLE_ENTRY = ("Error reading persistent compilation cache entry .*PjRtCompiler must be "
+                    "constructed with a Client")
+
+
 def target_devices(target: Target) -> list:
     """The slice's compile-only devices, in libtpu's order (libtpu's start-up warnings
-    kept off the screen)."""
+    kept off the screen, and JAX's warning that it cannot load their programs from the
+    persistent cache: see UNREADABLE_ENTRY)."""
     check_available(target)
+    warnings.filterwarnings("ignore", message=UNREADABLE_ENTRY, category=UserWarning)
     # libtpu takes /tmp/libtpu_lockfile so that two processes never drive one chip; a
     # compile-only process drives none, and a second one (a test worker, another terminal)
     # must not be refused

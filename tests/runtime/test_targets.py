@@ -193,6 +193,25 @@ def test_tpu_flash_keeps_the_scores_out_of_the_chips_memory(tmp_path):
 
 @needs_libtpu
 @pytest.mark.slow
+def test_a_target_compiled_again_says_nothing_about_the_cache(tmp_path):
+    """JAX stores a compile-only program in the persistent cache but cannot load it (its
+    client has no devices): the same `--target` run a second time, on the first run's cache,
+    compiles again and prints no warning about it."""
+    env = {"JAXSCALE_CACHE_DIR": str(tmp_path / "cache"),
+           "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
+    code = ("from jaxscale.cli.main import main; import sys; "
+            "sys.exit(main(['compare', '--abstract', '--target', 'v5e-4', '--strategy', "
+            "'dp=4', '--json', '--out', sys.argv[1]]))")
+    runs = [run_python(code, str(tmp_path / f"run{i}"), env=env) for i in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
+    assert any(tmp_path.joinpath("cache").glob("jit_step-*"))  # the entry the second run met
+    assert "Warning" not in runs[1].stderr and "persistent compilation cache" not in runs[1].stderr
+    assert json.loads(runs[1].stdout)["rows"][0]["memory"] == \
+        json.loads(runs[0].stdout)["rows"][0]["memory"]
+
+
+@needs_libtpu
+@pytest.mark.slow
 def test_plan_verify_compiles_the_planners_best_and_ranks_them_again(tmp_path):
     """`plan --verify 2 --target v5e-4`: the planner's two best layouts for the small Llama,
     each compiled by XLA:TPU; every row has the planner's memory and the compiler's (or the
