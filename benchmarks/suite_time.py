@@ -8,6 +8,8 @@ compilation cache) and measures, one after the other on the otherwise idle machi
    the distinct programs in the suite's persistent compilation cache at the end (one
    entry per program, the subprocesses' included) and the compiles the pytest workers
    did themselves (tests/conftest.py counts XLA backend compiles against cache loads);
+   then the same suite again, warm (every program in the cache): what the suite costs
+   besides compiling, i.e. how close to its budget it could come if it compiled nothing;
 2. the quick tier (`-m "not slow"`), cold (its cache emptied first) and then warm;
 3. the main job, `jaxscale compare` with its defaults, cold (a new, empty cache) and warm.
 
@@ -120,6 +122,20 @@ def suite(clone: Path) -> dict:
             "by_test": by_test(clone, junit)}
 
 
+def suite_warm(clone: Path) -> dict:
+    """`.ci/run` again in the same clone: installed, every program in the cache. Its time is
+    the suite's floor without compiling (the steps run, processes start, the TPU targets
+    compile: libtpu's compile-only client stores nothing in the cache)."""
+    junit = clone / ".cache" / "suite-junit-warm.xml"
+    wall, r = timed(["bash", ".ci/run"], clone, env={"PYTEST_ADDOPTS": f"--junitxml={junit}"})
+    figures = pytest_figures(r, ".ci/run (warm)")
+    workers = programs(clone)
+    return {"suite_warm_wall_s": wall, "suite_warm_pytest_s": figures["pytest_s"],
+            "suite_warm_worker_compiles": workers["worker_compiles"],
+            "suite_warm_worker_cache_loads": workers["worker_cache_loads"],
+            "suite_warm_by_test": by_test(clone, junit)}
+
+
 def quick(clone: Path) -> dict:
     shutil.rmtree(clone / ".cache" / "jax-tests", ignore_errors=True)
     cmd = [str(clone / ".venv" / "bin" / "python"), "-m", "pytest", "-n", "2", "--dist",
@@ -168,6 +184,10 @@ def main():
             print(f"fresh clone: .ci/run {result['ci_wall_s']:.1f} s, pytest "
                   f"{result['pytest_s']:.1f} s, {result['tests_passed']} passed, "
                   f"{result['distinct_programs']} distinct programs", file=sys.stderr)
+            result.update(suite_warm(clone))
+            print(f"again, warm: .ci/run {result['suite_warm_wall_s']:.1f} s, pytest "
+                  f"{result['suite_warm_pytest_s']:.1f} s, "
+                  f"{result['suite_warm_worker_compiles']} compiles", file=sys.stderr)
         result.update(quick(clone))
         result.update(main_job(clone))
     out.parent.mkdir(parents=True, exist_ok=True)
