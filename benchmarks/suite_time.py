@@ -75,8 +75,6 @@ def programs(clone: Path) -> dict:
     entries = [p for p in cache.glob("*-cache")] if cache.exists() else []
     stored = {p: compile_seconds(p) for p in entries}  # each entry read once
     seconds = [s for s in stored.values() if s is not None]
-    workers = [json.loads(p.read_text())
-               for p in (clone / ".cache" / "suite-compiles").glob("*.json")]
     return {"distinct_programs": len(entries),
             # every distinct program compiled once: at least this many CPU-seconds
             "distinct_compile_s_at_least": sum(seconds),
@@ -86,7 +84,14 @@ def programs(clone: Path) -> dict:
             # is this over its cores, before any other program compiles or any step runs
             "distinct_train_steps_compile_s_at_least": sum(
                 s for p, s in stored.items() if p.name.startswith("jit_step-") and s is not None),
-            "worker_compiles": sum(w["compiles"] for w in workers),
+            **worker_figures(clone)}
+
+
+def worker_figures(clone: Path) -> dict:
+    """What the pytest workers compiled and loaded themselves (tests/conftest.py's record)."""
+    workers = [json.loads(p.read_text())
+               for p in (clone / ".cache" / "suite-compiles").glob("*.json")]
+    return {"worker_compiles": sum(w["compiles"] for w in workers),
             "worker_cache_loads": sum(w["cache_hits"] for w in workers),
             "worker_compile_or_load_s": round(sum(w["compile_or_load_s"] for w in workers), 1),
             # times a worker dropped its loaded programs to stay under vm.max_map_count
@@ -129,7 +134,7 @@ def suite_warm(clone: Path) -> dict:
     junit = clone / ".cache" / "suite-junit-warm.xml"
     wall, r = timed(["bash", ".ci/run"], clone, env={"PYTEST_ADDOPTS": f"--junitxml={junit}"})
     figures = pytest_figures(r, ".ci/run (warm)")
-    workers = programs(clone)
+    workers = worker_figures(clone)  # (the cache's entries are the cold run's, read already)
     return {"suite_warm_wall_s": wall, "suite_warm_pytest_s": figures["pytest_s"],
             "suite_warm_worker_compiles": workers["worker_compiles"],
             "suite_warm_worker_cache_loads": workers["worker_cache_loads"],
