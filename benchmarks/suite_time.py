@@ -130,7 +130,7 @@ def suite(clone: Path) -> dict:
 def suite_warm(clone: Path) -> dict:
     """`.ci/run` again in the same clone: installed, every program in the cache. Its time is
     the suite's floor without compiling (the steps run, processes start, the TPU targets
-    compile: libtpu's compile-only client stores nothing in the cache)."""
+    compile again: JAX stores their compile-only programs but cannot load them)."""
     junit = clone / ".cache" / "suite-junit-warm.xml"
     wall, r = timed(["bash", ".ci/run"], clone, env={"PYTEST_ADDOPTS": f"--junitxml={junit}"})
     figures = pytest_figures(r, ".ci/run (warm)")

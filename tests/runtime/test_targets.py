@@ -55,9 +55,9 @@ def test_without_libtpu_the_message_says_what_to_install(monkeypatch):
         T.check_available(T.parse_target("v5e-4"))
 
 
-def _compare(tmp_path, *args):
+def _compare(tmp_path, *args, env=None):
     return run_python("from jaxscale.cli.main import main; import sys; sys.exit(main(sys.argv[1:]))",
-                      "compare", "--abstract", *args, "--out", str(tmp_path), "--json")
+                      "compare", "--abstract", *args, "--out", str(tmp_path), "--json", env=env)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -191,6 +191,7 @@ def test_tpu_flash_keeps_the_scores_out_of_the_chips_memory(tmp_path):
     assert flash["memory"]["temporaries"] * 4 < einsum["memory"]["temporaries"]
     assert flash["states_measured"] == einsum["states_measured"] and flash["fits"]
 
+
 @needs_libtpu
 @pytest.mark.slow
 def test_a_target_compiled_again_says_nothing_about_the_cache(tmp_path):
@@ -199,10 +200,8 @@ def test_a_target_compiled_again_says_nothing_about_the_cache(tmp_path):
     compiles again and prints no warning about it."""
     env = {"JAXSCALE_CACHE_DIR": str(tmp_path / "cache"),
            "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
-    code = ("from jaxscale.cli.main import main; import sys; "
-            "sys.exit(main(['compare', '--abstract', '--target', 'v5e-4', '--strategy', "
-            "'dp=4', '--json', '--out', sys.argv[1]]))")
-    runs = [run_python(code, str(tmp_path / f"run{i}"), env=env) for i in range(2)]
+    runs = [_compare(tmp_path / f"run{i}", "--target", "v5e-4", "--strategy", "dp=4", env=env)
+            for i in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
     assert any(tmp_path.joinpath("cache").glob("jit_step-*"))  # the entry the second run met
     assert "Warning" not in runs[1].stderr and "persistent compilation cache" not in runs[1].stderr
