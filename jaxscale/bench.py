@@ -35,8 +35,8 @@ from flax import nnx
 
 from jaxscale.model import flops as flopslib, transformer as modellib, precision
 from jaxscale import garden
-from jaxscale.measure import hardware, memory
-from jaxscale.runtime import profiling
+from jaxscale.measure import hardware, memory, timing
+from jaxscale.runtime import profiling, target_cache
 from jaxscale.parallel.plan import Plan
 from jaxscale.parallel.build import build_train_step
 from jaxscale.model import config as model_config
@@ -174,12 +174,15 @@ def run(cfg: BenchConfig, device=None, matmul_peak: hardware.MatmulPeak | None =
         None if xla is None else xla / tokens, memory.memory(compiled), _allocator_peak(device))
 
 
-def run_abstract(cfg: BenchConfig, device, hbm_bytes: float | None = None) -> dict:
+def run_abstract(cfg: BenchConfig, device, hbm_bytes: float | None = None,
+                 target=None) -> dict:
     """Compile cfg's step for `device` on abstract state (nothing allocated, nothing run):
     the compiler's memory per device (what it must hold: arguments, outputs not aliased to
     them, temporaries, generated code) against `hbm_bytes`, and the step's floor: the
     model's FLOPs (jaxscale.model.flops, non-causal convention) at the datasheet peak, the
-    time at 100% MFU. A step the compiler refuses for memory gives its own sentence."""
+    time at 100% MFU. A step the compiler refuses for memory gives its own sentence. With
+    the `target` (runtime.targets.Target) `device` belongs to, a program compiled before
+    for it is read back (runtime.target_cache; compile_source "cache")."""
     cfg.validate()
     mcfg = model_config.preset(cfg.model)
     init, step = build_train_step(mcfg, cfg.plan(), make_optimizer("adamw", 1e-4), [device])
@@ -201,18 +204,23 @@ def run_abstract(cfg: BenchConfig, device, hbm_bytes: float | None = None) -> di
            "tokens_per_s_at_peak": peak / count.total if peak else None}
     t0 = time.perf_counter()
     try:
-        compiled = step.jitted.lower(state, batch).compile()
+        lowered = step.jitted.lower(state, batch)
+        if target is None:  # this machine's device: jax's own cache may supply it
+            compiled, _, source = timing.compile_timed(lowered)
+        else:
+            compiled, source = target_cache.compile_for(lowered, target)
     except jax.errors.JaxRuntimeError as e:
         why = memory.refusal(e)
         if why is None:
             raise
         return {**row, **memory.refused_bytes(why), "compile_s": time.perf_counter() - t0,
+                "compile_source": getattr(e, "compile_source", "compiled"),
                 "memory": None, "generated_code": None, "needed_bytes": None, "fits": False,
                 "refused": why, "xla_flops_per_token": None}
     mem = memory.memory(compiled)
     needed, code = memory.needed_bytes(compiled, mem)
     xla = flopslib.xla_flops(compiled)
-    return {**row, "compile_s": time.perf_counter() - t0, "memory": mem,
+    return {**row, "compile_s": time.perf_counter() - t0, "compile_source": source, "memory": mem,
             "refused_needed_bytes": None, "refused_available_bytes": None,
             "generated_code": code, "needed_bytes": needed,
             "fits": None if hbm_bytes is None else needed <= hbm_bytes, "refused": None,

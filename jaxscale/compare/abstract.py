@@ -24,6 +24,7 @@ from jaxscale.measure import hlo, memory
 from jaxscale.model import optim, transformer as modellib
 from jaxscale.parallel.build import build_train_step
 from jaxscale.parallel.tick_table import plan_branch_share
+from jaxscale.runtime import target_cache
 
 
 def predicted_states(cfg, plan) -> dict[str, float]:
@@ -59,12 +60,15 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
         batch = abstract_batch(step, devices, batch_size, cfg.seq_len)
         pred = predicted_states(cfg, plan)
         try:
-            compiled = step.jitted.lower(state, batch).compile()
+            lowered = step.jitted.lower(state, batch)
+            compiled, source = (target_cache.compile_for(lowered, target) if target
+                                else (lowered.compile(), None))
         except jax.errors.JaxRuntimeError as e:
             why = memory.refusal(e)  # the compiler's sentence, when the chip is too small
             if target is None or why is None:
                 raise
-            rows.append(refused_row(name, plan, pred, target, why))
+            rows.append({**refused_row(name, plan, pred, target, why),
+                         "compile_source": getattr(e, "compile_source", "compiled")})
             continue
         mem = memory.memory(compiled)
         batch_bytes = 12 * batch_size * cfg.seq_len // plan.rows  # rows over dp x ep
@@ -76,7 +80,7 @@ def run_abstract(cfg, plans: dict, devices, batch_size: int, target=None) -> lis
                "grads_predicted": pred["grads"]}
         if target is not None:
             text, share = compiled.as_text(), plan_branch_share(plan)  # each made once
-            row.update(target_figures(compiled, mem, target, text, share))
+            row.update(target_figures(compiled, mem, target, text, share), compile_source=source)
             row.update(target_bytes(text, share, step, cfg, plan, batch_size))
         rows.append(row)
     return rows

@@ -174,8 +174,9 @@ def _stderr_kept_back():
 
 # JAX writes a compile-only program to the persistent compilation cache like any other, but
 # cannot read it back: the compile-only client has no devices to load it on. Each later
-# compile of the same program warns (a UserWarning of several lines, on every second run of
-# the same `--target` command) and compiles again, as it would without the cache.
+# compile of the same program warns (a UserWarning of several lines) and compiles again, as
+# it would without the cache. (What jaxscale reads of such a program is kept instead:
+# runtime.target_cache; a program compiles again only when its kept figures are gone.)
 UNREADABLE_ENTRY = ("Error reading persistent compilation cache entry .*PjRtCompiler must be "
                     "constructed with a Client")
 

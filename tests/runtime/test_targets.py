@@ -3,6 +3,7 @@
 install command, where libtpu is absent; CI installs the [tpu] extra so that they run)."""
 import importlib.util
 import json
+import shutil
 
 import pytest
 
@@ -195,18 +196,26 @@ def test_tpu_flash_keeps_the_scores_out_of_the_chips_memory(tmp_path):
 @needs_libtpu
 @pytest.mark.slow
 def test_a_target_compiled_again_says_nothing_about_the_cache(tmp_path):
-    """JAX stores a compile-only program in the persistent cache but cannot load it (its
-    client has no devices): the same `--target` run a second time, on the first run's cache,
-    compiles again and prints no warning about it."""
-    env = {"JAXSCALE_CACHE_DIR": str(tmp_path / "cache"),
-           "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
-    runs = [_compare(tmp_path / f"run{i}", "--target", "v5e-4", "--strategy", "dp=4", env=env)
-            for i in range(2)]
-    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
-    assert any(tmp_path.joinpath("cache").glob("jit_step-*"))  # the entry the second run met
-    assert "Warning" not in runs[1].stderr and "persistent compilation cache" not in runs[1].stderr
-    assert json.loads(runs[1].stdout)["rows"][0]["memory"] == \
-        json.loads(runs[0].stdout)["rows"][0]["memory"]
+    """The same `--target` run a second time reads the first's figures back from the kept
+    ones (runtime.target_cache) and compiles nothing. Without them (removed), it compiles
+    again: JAX stored the compile-only program in its persistent cache but cannot load it
+    (its client has no devices), and no warning about that is printed."""
+    cache = tmp_path / "cache"
+    env = {"JAXSCALE_CACHE_DIR": str(cache), "JAX_COMPILATION_CACHE_DIR": str(cache)}
+
+    def run(i: int) -> dict:
+        r = _compare(tmp_path / f"run{i}", "--target", "v5e-4", "--strategy", "dp=4", env=env)
+        assert r.returncode == 0, r.stderr
+        assert "Warning" not in r.stderr and "persistent compilation cache" not in r.stderr
+        return json.loads(r.stdout)["rows"][0]
+
+    first, kept = run(0), run(1)
+    assert (first["compile_source"], kept["compile_source"]) == ("compiled", "cache")
+    assert {**kept, "compile_source": "compiled"} == first  # every figure read back
+    assert any(cache.glob("jit_step-*")) and len(list(cache.glob("targets/*.json"))) == 1
+    shutil.rmtree(cache / "targets")
+    again = run(2)  # meets JAX's entry, which it cannot load
+    assert again["compile_source"] == "compiled" and again["memory"] == first["memory"]
 
 
 @needs_libtpu

@@ -34,7 +34,7 @@ def run_abstract(args) -> int:
     for i, c in enumerate(configs):
         print(f"[{i + 1}/{len(configs)}] batch {c.batch_size}, remat {c.remat}: compiling for "
               f"{target.name if target else device.device_kind} ...", file=sys.stderr, flush=True)
-        rows.append(bench.run_abstract(c, device, hbm))
+        rows.append(bench.run_abstract(c, device, hbm, target))
     result = {"model": args.model, "target": target and target.name,
               "device_kind": device.device_kind, "platform": device.platform,
               "hbm_bytes": hbm, "precision": precision, "attention": attention, "rows": rows}
