@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxscale.garden import drawn
 from jaxscale.garden.language import max_document_tokens, score_document
 from jaxscale.garden.sampling import sample_documents
 from jaxscale.garden.words import BOS_ID, PAD_ID
@@ -129,10 +130,12 @@ def make_corpus(seed: int = 0, n_train: int = 8192, n_val: int = 512,
     """Draw a corpus; the same seed always gives the same documents.
 
     Train and validation come from independent streams of the seed, so changing n_train
-    leaves the validation set (and its floor) unchanged.
+    leaves the validation set (and its floor) unchanged. Documents drawn before in another
+    process are read back where a folder keeps them (garden.drawn).
     """
     train_rng, val_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    train, val = sample_documents(train_rng, n_train), sample_documents(val_rng, n_val)
+    train = drawn.documents(seed, "train", n_train, lambda: sample_documents(train_rng, n_train))
+    val = drawn.documents(seed, "val", n_val, lambda: sample_documents(val_rng, n_val))
     longest = max(len(d) for d in train + val)
     if longest > seq_len + 1:
         raise ValueError(f"seq_len={seq_len} is too short for a drawn document of {longest} "
