@@ -11,10 +11,11 @@ make = corpus.make_corpus.__wrapped__  # past the process's own lru_cache
 
 
 @pytest.fixture
-def kept(tmp_path):
+def kept(tmp_path, monkeypatch):
+    """A folder of this test's own (the process's setting is restored after it)."""
+    monkeypatch.setattr(drawn, "_folder", None)
     drawn.keep_in(tmp_path / "corpora")
-    yield tmp_path / "corpora"
-    drawn.keep_in(None)
+    return tmp_path / "corpora"
 
 
 def _same(a, b) -> bool:
@@ -22,22 +23,20 @@ def _same(a, b) -> bool:
                                     for x, y in zip(a, b))
 
 
-def _no_drawing(monkeypatch):
-    def refuse(rng, n):
-        raise AssertionError("drew again where the kept documents should have been read")
-    monkeypatch.setattr(corpus, "sample_documents", refuse)
+def _refuse(rng, n):
+    raise AssertionError("drew again where the kept documents should have been read")
 
 
 def test_kept_documents_are_the_drawn_ones(kept, monkeypatch):
     fresh = make(7, 300, 40)  # nothing kept yet: drawn, then written
     assert sorted(p.name.split("-")[1] for p in kept.glob("*.npz")) == ["train", "val"]
-    _no_drawing(monkeypatch)
-    again = make(7, 300, 40)
+    with monkeypatch.context() as m:
+        m.setattr(corpus, "sample_documents", _refuse)
+        again = make(7, 300, 40)
     assert _same(again.train, fresh.train) and _same(again.val, fresh.val)
-    drawn.keep_in(None)
-    monkeypatch.undo()
-    assert _same(make(7, 300, 40).train, fresh.train)  # and equal to a draw with none kept
     assert again.entropy_floor == fresh.entropy_floor
+    drawn.keep_in(None)
+    assert _same(make(7, 300, 40).train, again.train)  # a draw with nothing kept
 
 
 def test_another_seed_count_or_source_is_drawn_again(kept, monkeypatch):
@@ -60,10 +59,12 @@ def test_a_file_cut_short_is_drawn_again_and_replaced(kept):
     assert train.stat().st_size > 200 and not list(kept.glob("*.part"))
 
 
-def test_nothing_is_kept_without_a_folder(tmp_path):
-    drawn.keep_in(None)
-    make(7, 30, 4)
-    assert not list(tmp_path.rglob("*.npz"))
+def test_nothing_is_kept_without_a_folder(monkeypatch):
+    monkeypatch.setattr(drawn, "_folder", None)
+    calls = []
+    for _ in range(2):
+        drawn.documents(7, "train", 1, lambda: calls.append(1) or (np.arange(3, dtype=np.int32),))
+    assert len(calls) == 2
 
 
 def test_the_digest_covers_every_source_of_the_garden():
