@@ -68,7 +68,8 @@ def _read(path: Path | None) -> tuple[np.ndarray, ...] | None:
         return None
     if tokens.dtype != np.int32 or lengths.sum() != len(tokens):
         return None
-    return tuple(np.split(tokens, np.cumsum(lengths)[:-1]))
+    # each its own array, as drawn ones are (not views of one buffer)
+    return tuple(doc.copy() for doc in np.split(tokens, np.cumsum(lengths)[:-1]))
 
 
 def _write(path: Path, docs: tuple[np.ndarray, ...]) -> None:

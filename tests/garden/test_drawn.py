@@ -34,6 +34,7 @@ def test_kept_documents_are_the_drawn_ones(kept, monkeypatch):
         m.setattr(corpus, "sample_documents", _refuse)
         again = make(7, 300, 40)
     assert _same(again.train, fresh.train) and _same(again.val, fresh.val)
+    assert all(d.flags.owndata and d.flags.writeable for d in again.train + fresh.train)
     assert again.entropy_floor == fresh.entropy_floor
     drawn.keep_in(None)
     assert _same(make(7, 300, 40).train, again.train)  # a draw with nothing kept
