@@ -17,11 +17,32 @@ EXIT_USAGE = 2  # a bad option value, one line on stderr
 EXIT_FAILED = 1  # the run went wrong (e.g. the loss became NaN)
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 
-# The subcommands: each module in jaxscale/cli/commands/ has register(subparsers), which adds
-# its parser (class _Parser, so errors are one line) and sets `run=handler`.
-COMMAND_MODULES: tuple[str, ...] = ("train", "compare", "memory", "comm", "failures", "plan",
-                                    "schedule", "launch", "checkpoint", "data", "bench",
-                                    "explain")
+# The subcommands, each with its line in `jaxscale --help`. Each has a module in
+# jaxscale/cli/commands/ with register(subparsers), which adds its parser (class _Parser, so
+# errors are one line) with that line and sets `run=handler`. A command line imports only
+# its own command's module (build_parser): the calculators (memory, comm, failures, plan,
+# schedule, checkpoint) then start without importing JAX, Flax, Optax and Orbax, which the
+# training commands' options need (about a second on 2 cores).
+COMMANDS: dict[str, str] = {
+    "train": "train a model on the garden corpus",
+    "compare": "run every parallel strategy side by side, measured vs predicted",
+    "memory": "bytes per device: model states under ZeRO, activations, recomputation, "
+              "LoRA/QLoRA",
+    "comm": "communication per step: ring all-reduce vs parameter server, "
+            "tensor/pipeline/data parallel volumes",
+    "failures": "cluster MTBF, optimal checkpoint interval (Young, Daly), wasted time, "
+                "asynchronous checkpoints",
+    "plan": "search layouts (dp, tp, pp, v, cp, ZeRO, recompute, micro-batch) that fit, "
+            "ranked by predicted step time",
+    "schedule": "simulate a pipeline schedule: its chart, bubble and activations",
+    "launch": "run train or compare as one job of several local processes",
+    "checkpoint": "list a run's checkpoints (step, plan, size, complete or not); prune or "
+                  "remove them",
+    "data": "clean a corpus: quality filters, decontamination, MinHash + LSH near-duplicate "
+            "removal",
+    "bench": "time a training step: tokens/s and MFU",
+    "explain": "where every tensor of a layout lives, and what fills its memory"}
+COMMAND_MODULES: tuple[str, ...] = tuple(COMMANDS)
 
 class UsageError(ValueError):
     """A command-line value is invalid."""
@@ -117,7 +138,10 @@ def version_text() -> str:
     return f"jaxscale {v('jaxscale')} (jax {v('jax')}, jaxlib {v('jaxlib')})"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands=None) -> argparse.ArgumentParser:
+    """The `jaxscale` parser with every command's (`commands`: only these commands' modules
+    imported and their options known; the others listed by name and line, for --help and
+    'did you mean')."""
     p = _Parser(prog="jaxscale", description=(
         "Train a small transformer on the garden-world language and measure how "
         "training is spread over many devices."))
@@ -127,7 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = False  # none given: main prints the usage and the commands
 
     for name in COMMAND_MODULES:  # one module each (jaxscale/cli/commands/)
-        importlib.import_module(f"jaxscale.cli.commands.{name}").register(sub)
+        if commands is None or name in commands:
+            importlib.import_module(f"jaxscale.cli.commands.{name}").register(sub)
+        else:
+            sub.add_parser(name, help=COMMANDS[name])
     for parser in _parsers(p):
         _show_defaults(parser)
     return p
@@ -167,12 +194,17 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
     return sub.choices[command]
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command a command line runs: its first word that is not an option."""
+    return next((t for t in argv if not t.startswith("-")), None)
+
+
 def _check_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """A misspelt long option fails with its nearest match: 'unrecognized argument --stpes;
     did you mean --steps?' (argparse alone would not say, nor name the command's options).
     A unique prefix of an option is taken, as argparse takes it."""
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-    command = next((t for t in argv if not t.startswith("-")), None)
+    command = _command(argv)
     if sub is None or command not in sub.choices:
         return
     if any(a.nargs == argparse.REMAINDER for a in sub.choices[command]._actions):
@@ -208,8 +240,8 @@ def _main(argv: list[str] | None) -> int:
         from jaxscale.runtime.processes import die_with_parent
         die_with_parent()  # a child of `jaxscale launch` or `train --max-restarts`
     try:
-        parser = build_parser()
         argv_ = _attach_negative_values(argv)
+        parser = build_parser(commands=[_command(argv_)])
         _check_options(parser, argv_)
         args = parser.parse_args(argv_)
         if getattr(args, "config", None):  # the file's options under the command line's

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from jaxscale.cli import cluster_options, runtime_options
 from jaxscale.cli.calculator_args import preset_summary
-from jaxscale.cli.main import _number
+from jaxscale.cli.main import COMMANDS, _number
 from jaxscale.cli.paths import output_dir
 from jaxscale.cli.model_arg import FILE_HELP, model_arg
 from jaxscale.model.config import CPU_PRESETS, PRESETS
@@ -25,7 +25,7 @@ from jaxscale.training.spikes import SPIKE_POLICIES
 def add_parser(subparsers):
     """The `train` parser with every option (its handler is set by the command)."""
     d = TrainConfig()
-    t = subparsers.add_parser("train", help="train a model on the garden corpus", description=(
+    t = subparsers.add_parser("train", help=COMMANDS["train"], description=(
         "Train a causal transformer on the garden-world corpus and report the validation "
         "loss next to the language's exact entropy floor (the loss no model can beat)."))
     _model_and_optimizer(t, d)

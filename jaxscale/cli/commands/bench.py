@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from jaxscale.cli.main import EXIT_FAILED, _error, _number
+from jaxscale.cli.main import COMMANDS, EXIT_FAILED, _error, _number
 from jaxscale.model import config as model_config
 
 
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
     from jaxscale.model.transformer import REMAT_POLICIES
     from jaxscale.model.precision import POLICIES
 
-    b = subparsers.add_parser("bench", help="time a training step: tokens/s and MFU",
+    b = subparsers.add_parser("bench", help=COMMANDS["bench"],
                               description=(
         "Time one device's training step (compile and warm-up excluded; the median of "
         "--steps) and report tokens/s and model FLOPs utilisation (MFU) against the "

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 
-from jaxscale.cli.main import UsageError, _number
+from jaxscale.cli.main import COMMANDS, UsageError, _number
 
 
 def register(subparsers) -> None:
     """Add the `checkpoint` subcommand (actions ls, prune, rm) to jaxscale's parser."""
     p = subparsers.add_parser(
-        "checkpoint", help="list a run's checkpoints (step, plan, size, complete or not); "
-                            "prune or remove them",
+        "checkpoint", help=COMMANDS["checkpoint"],
         description="Inspect a checkpoint directory written by `jaxscale train "
                     "--checkpoint-dir`.")
     actions = p.add_subparsers(dest="action", metavar="ACTION")

@@ -14,11 +14,11 @@ from jaxscale import costmodel as cm
 from jaxscale.cli.calculator_args import (add_shape_options, count_arg, describe_shape, emit,
     link_arg, model_shape, size_arg, table)
 from jaxscale.costmodel.units import human_bytes, short_bytes
+from jaxscale.cli.main import COMMANDS
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("comm", help="communication per step: ring all-reduce vs "
-                              "parameter server, tensor/pipeline/data parallel volumes",
+    p = subparsers.add_parser("comm", help=COMMANDS["comm"],
                               description=(
         "Communication of one training step, from closed forms. Data parallelism: the "
         "gradient all-reduce, 2(K-1)/K x n bytes sent per device in a ring, against a "

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from jaxscale.cli.main import _number
+from jaxscale.cli.main import COMMANDS, _number
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.runtime import devices as devlib
 from jaxscale.cli import cluster_options, config_file
@@ -33,7 +33,7 @@ def register(subparsers) -> None:
     from jaxscale.parallel.plan import LAYOUT_KEYS
     from jaxscale.cli.paths import output_dir
     p = subparsers.add_parser(
-        "compare", help="run every parallel strategy side by side, measured vs predicted",
+        "compare", help=COMMANDS["compare"],
         description=(
             "Train the same model with each parallel strategy on the same batches and show, "
             "per strategy: the largest relative loss difference from the single device, "

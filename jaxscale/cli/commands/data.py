@@ -19,7 +19,7 @@ import json
 import sys
 
 from jaxscale.cli.commands.data_output import StageProgress, print_report, write_out
-from jaxscale.cli.main import UsageError, _number
+from jaxscale.cli.main import COMMANDS, UsageError, _number
 from jaxscale.cli.paths import output_dir
 from jaxscale.data.clean import clean
 from jaxscale.data.clean_config import CleanConfig, CleanError
@@ -35,8 +35,7 @@ from jaxscale.runtime.devices import PLATFORMS
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("data", help="clean a corpus: quality filters, decontamination, "
-                              "MinHash + LSH near-duplicate removal",
+    p = subparsers.add_parser("data", help=COMMANDS["data"],
                               description="Pretraining-data tools.")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True

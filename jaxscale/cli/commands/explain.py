@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import json
 
-from jaxscale.cli.main import _number
+from jaxscale.cli.main import COMMANDS, _number
 
 
 def register(subparsers) -> None:
     from jaxscale.cli.model_arg import FILE_HELP, model_arg
     from jaxscale.parallel.plan import LAYOUT_KEYS
     p = subparsers.add_parser(
-        "explain", help="where every tensor of a layout lives, and what fills its memory",
+        "explain", help=COMMANDS["explain"],
         description=(
             "Build a layout's training state (shapes and shardings, never allocated) and "
             "show, for every parameter, master weight, optimizer slot, counter and gradient: "

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from jaxscale.costmodel import failures as F
 from jaxscale.cli.calculator_args import emit, size_arg, table
+from jaxscale.cli.main import COMMANDS
 
 
 def register(subparsers) -> None:
     from jaxscale.cli.main import _number
 
-    p = subparsers.add_parser("failures", help="cluster MTBF, optimal checkpoint interval "
-                              "(Young, Daly), wasted time, asynchronous checkpoints",
-                              description=(
+    p = subparsers.add_parser("failures", help=COMMANDS["failures"], description=(
         "Failures and checkpoints of a training job on N devices, from closed forms. Any "
         "device failing stops the job, so the cluster MTBF is M = device MTBF / N. Saving a "
         "checkpoint takes delta; saving every tau of work wastes about delta/tau + (tau/2 + "

@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 
-from jaxscale.cli.main import _number
+from jaxscale.cli.main import COMMANDS, _number
 from jaxscale.runtime.launcher import LaunchError, child_argv, child_env, coordinator_port, launch
 from jaxscale.runtime.devices import MAX_CPU_DEVICES
 from jaxscale.runtime.mesh import parse_mesh_spec
@@ -49,7 +49,7 @@ with the dead process's code; Ctrl-C is passed to every process."""
 def register(subparsers) -> None:
     """Add the `launch` subcommand to jaxscale's parser."""
     p = subparsers.add_parser(
-        "launch", help="run train or compare as one job of several local processes",
+        "launch", help=COMMANDS["launch"],
         usage="jaxscale launch --processes P --devices-per-process K [options] -- "
               f"{{{','.join(LAUNCHABLE)}}} ARGS",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLE, description=(

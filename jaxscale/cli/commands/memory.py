@@ -14,11 +14,11 @@ from jaxscale.cli.commands import memory_layout
 from jaxscale.cli.calculator_args import (add_shape_options, count_arg, describe_shape, emit, gb,
     model_shape, STAGE_NAMES, resolve_params, size_arg, table, transformer)
 from jaxscale.costmodel import units
+from jaxscale.cli.main import COMMANDS
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("memory", help="bytes per device: model states under ZeRO, "
-                              "activations, recomputation, LoRA/QLoRA", description=(
+    p = subparsers.add_parser("memory", help=COMMANDS["memory"], description=(
         "Memory per device of training a transformer, from closed forms (jaxscale.costmodel). "
         "Model states: "
         "parameters, gradients and Adam state per device for DDP and ZeRO stages 1-3, "

@@ -23,6 +23,7 @@ from jaxscale.cli.calculator_args import (add_shape_options, arg_type, bytes_arg
 from jaxscale.costmodel import devices as D
 from jaxscale.costmodel import states as S
 from jaxscale.costmodel.units import human_bytes, short_bytes
+from jaxscale.cli.main import COMMANDS
 
 
 def _fixed(text: str) -> tuple[tuple[str, int], ...]:
@@ -52,8 +53,7 @@ def _choices(allowed: tuple):
 def register(subparsers) -> None:
     from jaxscale.cli.main import _number
 
-    p = subparsers.add_parser("plan", help="search layouts (dp, tp, pp, v, cp, ZeRO, recompute, "
-                              "micro-batch) that fit, ranked by predicted step time", description=(
+    p = subparsers.add_parser("plan", help=COMMANDS["plan"], description=(
         "Search every layout devices = dp x tp x pp x cp with v chunks per pipeline device, "
         "ZeRO 0-3, recompute none/selective/full and micro-batches 1/2/4/8; keep those that "
         "fit; rank by predicted step time. Rules: " + "; ".join(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
-from jaxscale.cli.main import _number
+from jaxscale.cli.main import COMMANDS, _number
 from jaxscale.parallel import schedules as sched
 from jaxscale.parallel.gantt import gantt_png
 from jaxscale.cli.paths import output_file
@@ -29,7 +29,7 @@ MAX_FORWARDS = 8192
 def register(subparsers) -> None:
     """Add the `schedule` subcommand to jaxscale's parser."""
     p = subparsers.add_parser(
-        "schedule", help="simulate a pipeline schedule: its chart, bubble and activations",
+        "schedule", help=COMMANDS["schedule"],
         description=(
             "Simulate one training step of a pipeline (forwards and backwards of every "
             "micro-batch on every stage, each action waiting for its inputs), print it as a "
