@@ -61,7 +61,7 @@ def preset_summary(name: str) -> str:
 def add_shape_options(p, batch_help: str, seq_default: int, batch_default: int) -> None:
     """--model, --layers, --hidden, --heads, --ffn, --vocab, --seq, --batch."""
     from jaxscale.cli.model_arg import FILE_HELP, model_arg
-    from jaxscale.model.config import PRESETS  # already imported by jaxscale.cli.build_parser
+    from jaxscale.model.config import PRESETS  # the presets' table alone: no JAX
 
     p.add_argument("--model", type=model_arg, metavar="PRESET",
                    help=f"take the shape (and parameter count) from a jaxscale.model.transformer preset: "
