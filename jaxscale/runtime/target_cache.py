@@ -41,8 +41,8 @@ _COMPILERS = ("jax", "jaxlib", "libtpu", "libtpu-nightly", "jax-cuda12-plugin",
 
 
 class KeptProgram:
-    """A compiled target program's figures, read back: the parts of jax's `Compiled` that
-    jaxscale reads (memory_analysis, cost_analysis, as_text), nothing to run."""
+    """A compiled target program's figures: the parts of jax's `Compiled` that jaxscale
+    reads (memory_analysis, cost_analysis, as_text), nothing to run."""
 
     def __init__(self, record: dict):
         self._record = record
@@ -57,9 +57,10 @@ class KeptProgram:
         return self._record["text"]
 
 
-def compile_for(lowered, target) -> tuple[object, str]:
-    """(the compiled program, "compiled") or (its kept figures, "cache") for a program
-    lowered on the compile-only devices of `target` (runtime.targets.Target). A program the
+def compile_for(lowered, target) -> tuple[KeptProgram, str]:
+    """(the program's figures, "compiled" when XLA compiled it now or "cache" when they were
+    kept from before: the same object either way) for a program lowered on the
+    compile-only devices of `target` (runtime.targets.Target). A program the
     compiler refused raises its JaxRuntimeError again from the cache, with compile_source
     "cache". (This machine's own devices need none of this: jax's cache loads their
     programs, measure.timing.compile_timed.)"""
@@ -77,9 +78,10 @@ def compile_for(lowered, target) -> tuple[object, str]:
         if "RESOURCE_EXHAUSTED" in str(e):  # the chip is too small: the same next time
             _write(path, {"refused": str(e)})
         raise
-    _write(path, {"refused": None, "memory": _memory(compiled),
-                  "cost": _cost(compiled), "text": compiled.as_text()})
-    return compiled, "compiled"
+    record = {"refused": None, "memory": _memory(compiled), "cost": _cost(compiled),
+              "text": compiled.as_text()}  # the optimized HLO, printed once
+    _write(path, record)
+    return KeptProgram(record), "compiled"
 
 
 def key(lowered, target) -> str:
