@@ -32,6 +32,7 @@ from types import SimpleNamespace
 import jax
 
 from jaxscale.runtime.gpu_target_config import target_config
+from jaxscale.runtime.outputs import write_text_atomically
 
 FOLDER = "targets"
 VERSION = 1  # of the file's fields
@@ -133,13 +134,11 @@ def _read(path: Path | None) -> dict | None:
 
 
 def _write(path: Path | None, record: dict) -> None:
-    """Write whole or not at all (a temporary file renamed over the name)."""
+    """Write whole or not at all (runtime.outputs.write_text_atomically)."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_suffix(f".{os.getpid()}.part")
-    part.write_text(json.dumps({"version": VERSION, **record}))
-    os.replace(part, path)
+    write_text_atomically(path, json.dumps({"version": VERSION, **record}))
 
 
 def _memory(compiled) -> dict[str, int]:
