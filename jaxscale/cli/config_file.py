@@ -21,7 +21,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from jaxscale.runtime.outputs import write_text_atomically
+from jaxscale.files import write_text_atomically
 
 NAME = "config.toml"
 SKIP = ("help", "config")  # not settings of the run

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import jax
 
 from jaxscale.runtime.gpu_target_config import target_config
-from jaxscale.runtime.outputs import write_text_atomically
+from jaxscale.files import write_text_atomically
 
 FOLDER = "targets"
 VERSION = 1  # of the file's fields
@@ -134,7 +134,7 @@ def _read(path: Path | None) -> dict | None:
 
 
 def _write(path: Path | None, record: dict) -> None:
-    """Write whole or not at all (runtime.outputs.write_text_atomically)."""
+    """Write whole or not at all (jaxscale.files.write_text_atomically)."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import jax
 from jaxscale import garden
 from jaxscale.model import config as model_config
 from jaxscale.report import plot_loss_curve
-from jaxscale.runtime.outputs import write_text_atomically
+from jaxscale.files import write_text_atomically
 from jaxscale.training import hooks as H
 from jaxscale.training.config import TrainConfig, warmup_steps
 from jaxscale.training.faults import bad_batch, poison

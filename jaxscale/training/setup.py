@@ -13,7 +13,7 @@ from jaxscale.model import config as model_config
 from jaxscale.parallel.build import build_train_step
 from jaxscale.report import Progress
 from jaxscale.runtime import processes, profiling
-from jaxscale.runtime.outputs import start_output_set
+from jaxscale.files import start_output_set
 from jaxscale.training import hooks as H
 from jaxscale.training.tensorboard import TensorBoard
 from jaxscale.training.checkpoint.manager import Checkpointer

@@ -2,13 +2,14 @@
 
 Layers, bottom to top (a module may import its own package, and packages of a lower rank):
 
-    0  garden, report               the corpus; printing (leaves)
-    1  runtime                      devices, meshes, processes, the launcher
-    2  model, costmodel, data       the one model; closed forms; the data pipeline
-    3  parallel                     plans, layouts, the sharded step
-    4  training, measure            the loop and its hooks; HLO and timing
-    5  compare, bench               the main job; one step timed
-    6  cli                          the `jaxscale` command
+    0  files                        files written whole (the leaf under every writer)
+    1  garden, report               the corpus; printing
+    2  runtime                      devices, meshes, processes, the launcher
+    3  model, costmodel, data       the one model; closed forms; the data pipeline
+    4  parallel                     plans, layouts, the sharded step
+    5  training, measure            the loop and its hooks; HLO and timing
+    6  compare, bench               the main job; one step timed
+    7  cli                          the `jaxscale` command
 
 Every import is read, at module level and inside functions. An import inside a function
 is allowed only in cli/ (where it keeps `jaxscale --help` from importing JAX), never to hide
@@ -20,13 +21,14 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "jaxscale"
-RANK = {"garden": 0, "report": 0,
-        "runtime": 1,
-        "model": 2, "costmodel": 2, "data": 2,
-        "parallel": 3,
-        "training": 4, "measure": 4,
-        "compare": 5, "bench": 5,
-        "cli": 6}
+RANK = {"files": 0,
+        "garden": 1, "report": 1,
+        "runtime": 2,
+        "model": 3, "costmodel": 3, "data": 3,
+        "parallel": 4,
+        "training": 5, "measure": 5,
+        "compare": 6, "bench": 6,
+        "cli": 7}
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 80
 MAX_FLAT_MODULES = 8

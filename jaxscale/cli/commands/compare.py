@@ -289,12 +289,12 @@ def _start_outputs(out: Path) -> None:
     """Just before the work: no earlier run's report or charts beside this run's
     compare.json, whole or partial (a refused run leaves an earlier result untouched)."""
     from jaxscale.compare.charts import FILES as CHARTS
-    from jaxscale.runtime.outputs import start_output_set
+    from jaxscale.files import start_output_set
     start_output_set(out, ("compare.json", "compare.md", "config.toml", *CHARTS))
 
 
 def _write_json(path: Path, obj) -> None:
     """Write whole or not at all: a reader never sees half a file."""
-    from jaxscale.runtime.outputs import write_text_atomically
+    from jaxscale.files import write_text_atomically
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, json.dumps(obj, indent=1))
