@@ -1,18 +1,61 @@
-"""A command's output folder holds one run's files, never one run's beside another's.
+"""Files written whole: a reader, or the next run, sees the old file or the new one, never
+half of one; and a command's output folder holds one run's files, never one run's beside
+another's.
+
+Every file jaxscale writes for later reading goes through `replacing`: the bytes go to a
+temporary name in the same folder (the same file system, so the rename is atomic), and only
+a write that finished is renamed over the target. A failure, or Ctrl-C, leaves the target
+as it was and removes the temporary file. `durable=True` also waits for the disk before the
+rename, for the files a restarted process must trust after a crash (the record of fired
+faults, a cleaned data set); a cache that can be rebuilt does without.
 
 A run that writes result.json, a chart and a log into a folder where an earlier run wrote
 the same names, and is interrupted half way, would leave the new log beside the old chart:
 a mix no reader can tell apart. So before its first write a run removes what an earlier run
-left of its own set of names (nothing else in the folder is touched: a user's files, a
-checkpoint folder inside it), and each file is written whole (`write_text_atomically`).
-The folder then holds either this run's files (complete, or marked partial by the run) or,
-when the run stopped before writing anything, none of the set.
+left of its own set of names (`start_output_set`: nothing else in the folder is touched, a
+user's files, a checkpoint folder inside it), and writes each file whole. The folder then
+holds either this run's files (complete, or marked partial by the run) or, when the run
+stopped before writing anything, none of the set.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
+
+
+@contextmanager
+def replacing(path: Path, mode: str = "w", durable: bool = False) -> Iterator[IO]:
+    """A file opened for writing (`mode` "w" or "wb") that replaces `path` when the block
+    ends without an exception, and never otherwise."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomically(path: Path, text: str, durable: bool = False) -> None:
+    """Write `text` to `path` whole or not at all (`replacing`)."""
+    with replacing(path, durable=durable) as f:
+        f.write(text)
+
+
+def write_lines_atomically(path: Path, lines: Iterable[str], durable: bool = False) -> None:
+    """Write each of `lines` followed by a newline, whole or not at all; `lines` may be a
+    generator, so a large file is never held in memory."""
+    with replacing(path, durable=durable) as f:
+        for line in lines:
+            f.write(line)
+            f.write("\n")
 
 
 def start_output_set(out: Path, names: Iterable[str]) -> Path:
@@ -22,15 +65,3 @@ def start_output_set(out: Path, names: Iterable[str]) -> Path:
     for name in names:
         (out / name).unlink(missing_ok=True)
     return out
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename: a reader sees the old
-    file or the new one, never half of one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -15,10 +15,8 @@ only when complete, so a failure never leaves a half-written file.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 FORMATS = ("auto", "jsonl", "text")
 
@@ -96,18 +94,3 @@ def read_records(path: str | Path, fmt: str = "auto") -> Records:
     if not texts:
         raise RecordsError(f"{path}: no documents (the file is empty or blank)")
     return Records(tuple(texts), tuple(ids), tuple(kept), fmt, str(path))
-
-
-def write_atomically(path: Path, lines: Sequence[str]) -> None:
-    """Write lines to `path` via a temporary file in the same folder, then rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line)
-                f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

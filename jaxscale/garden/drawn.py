@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
-import os
 import zipfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from jaxscale.files import replacing
 
 FORMAT = 1
 _folder: Path | None = None
@@ -73,10 +73,7 @@ def _read(path: Path | None) -> tuple[np.ndarray, ...] | None:
 
 
 def _write(path: Path, docs: tuple[np.ndarray, ...]) -> None:
-    buffer = io.BytesIO()
-    np.savez(buffer, tokens=np.concatenate(docs).astype(np.int32),
-             lengths=np.array([len(d) for d in docs], dtype=np.int64))
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f"{path.name}.{os.getpid()}.part")
-    part.write_bytes(buffer.getvalue())
-    os.replace(part, path)
+    with replacing(path, "wb") as f:
+        np.savez(f, tokens=np.concatenate(docs).astype(np.int32),
+                 lengths=np.array([len(d) for d in docs], dtype=np.int64))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxscale.files import write_text_atomically
 from jaxscale.training.spikes import SpikeError
 
 
@@ -105,12 +106,8 @@ class FaultLog:
         return due
 
     def _write(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"fired": sorted(self.fired)}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_text_atomically(self.path, json.dumps({"fired": sorted(self.fired)}),
+                              durable=True)
 
 
 def bad_batch(kind: str, batch_size: int, seq_len: int, vocab: int, seed: int, step: int,

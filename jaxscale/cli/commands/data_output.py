@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from jaxscale.data.clean_report import stage_note
-from jaxscale.data.records import write_atomically
+from jaxscale.files import write_lines_atomically
 from jaxscale.report import Progress, print_table
 
 
@@ -62,7 +62,7 @@ def write_out(out: Path, report, ids, lines, texts, result) -> None:
         if lines is None:  # the garden corpus: write id and text
             lines = [json.dumps({"id": i, "text": t}, ensure_ascii=False)
                      for i, t in zip(ids, texts)]
-        write_atomically(tmp / "kept.jsonl", (lines[i] for i in kept))
+        write_lines_atomically(tmp / "kept.jsonl", (lines[i] for i in kept), durable=True)
         names = [s.name for s in report.stages]
 
         def removed(i: int) -> str:
@@ -70,9 +70,10 @@ def write_out(out: Path, report, ids, lines, texts, result) -> None:
             if report.duplicate_of[i] >= 0:
                 line["duplicate_of"] = ids[report.duplicate_of[i]]
             return json.dumps(line, ensure_ascii=False)
-        write_atomically(tmp / "removed.jsonl",
-                         map(removed, (report.removed_by >= 0).nonzero()[0].tolist()))
-        write_atomically(tmp / "report.json", [json.dumps(result, indent=1)])
+        write_lines_atomically(tmp / "removed.jsonl",
+                               map(removed, (report.removed_by >= 0).nonzero()[0].tolist()),
+                               durable=True)
+        write_lines_atomically(tmp / "report.json", [json.dumps(result, indent=1)], durable=True)
         (out / "report.json").unlink(missing_ok=True)  # no report.json while the set changes
         for name in OUTPUTS:
             os.replace(tmp / name, out / name)

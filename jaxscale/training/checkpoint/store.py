@@ -19,6 +19,8 @@ import os
 import shutil
 from pathlib import Path
 
+from jaxscale.files import write_text_atomically
+
 FORMAT = 1
 # TrainConfig fields a resumed run must share with the checkpoint (the plan's may differ)
 MUST_MATCH = ("model", "optimizer", "lr", "lr_schedule", "warmup", "steps", "batch_size",
@@ -91,9 +93,7 @@ def write_manifest(step_dir: Path) -> None:
         return
     files = {str(f.relative_to(step_dir)): f.stat().st_size
              for f in sorted(step_dir.rglob("*")) if f.is_file()}
-    tmp = step_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"files": files}))
-    os.replace(tmp, step_dir / MANIFEST)
+    write_text_atomically(step_dir / MANIFEST, json.dumps({"files": files}))
 
 
 def check_files(step_dir: Path) -> None:

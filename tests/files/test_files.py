@@ -1,0 +1,54 @@
+"""jaxscale.files: every file written whole, or the old one left as it was."""
+import os
+
+import pytest
+
+from jaxscale.files import (replacing, start_output_set, write_lines_atomically,
+                            write_text_atomically)
+
+
+def test_a_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "result.json"
+    path.write_text("old")
+    write_text_atomically(path, "new ✓")  # utf-8 whatever the locale
+    assert path.read_bytes() == "new ✓".encode()
+    assert os.listdir(tmp_path) == ["result.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "kept.jsonl"
+    path.write_text("old\n")
+
+    def lines():
+        yield "first"
+        raise KeyboardInterrupt  # Ctrl-C half way through a generator of lines
+
+    with pytest.raises(KeyboardInterrupt):
+        write_lines_atomically(path, lines(), durable=True)
+    assert path.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["kept.jsonl"]
+
+
+def test_nothing_is_created_when_the_first_write_fails(tmp_path):
+    path = tmp_path / "corpus.npz"
+    with pytest.raises(RuntimeError), replacing(path, "wb") as f:
+        f.write(b"half")
+        raise RuntimeError("disk gone")
+    assert os.listdir(tmp_path) == []
+
+
+def test_lines_end_with_newlines_and_bytes_are_written_as_they_are(tmp_path):
+    write_lines_atomically(tmp_path / "a.txt", iter(["x", "y"]))
+    assert (tmp_path / "a.txt").read_text() == "x\ny\n"
+    with replacing(tmp_path / "b.bin", "wb", durable=True) as f:
+        f.write(b"\x00\xff")
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\xff"
+
+
+def test_an_output_set_removes_only_its_own_names(tmp_path):
+    out = tmp_path / "run" / "deep"
+    start_output_set(out, ["result.json"])
+    (out / "result.json").write_text("earlier run")
+    (out / "notes.txt").write_text("the user's")
+    start_output_set(out, ["result.json", "loss.png"])
+    assert sorted(os.listdir(out)) == ["notes.txt"]
