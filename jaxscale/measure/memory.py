@@ -7,6 +7,10 @@ import re
 
 import jax
 
+# the compiler's refusal is read where a kept one is raised again (runtime ranks below us);
+# callers read it here, beside the memory figures it stands in for
+from jaxscale.runtime.target_cache import refusal  # noqa: F401
+
 
 def memory(compiled) -> dict[str, int]:
     """Per-device bytes of a compiled program, from XLA's memory analysis."""
@@ -22,15 +26,6 @@ def needed_bytes(compiled, mem: dict | None = None) -> tuple[int, int]:
     mem = mem or memory(compiled)
     code = int(getattr(compiled.memory_analysis(), "generated_code_size_in_bytes", 0))
     return mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temporaries"] + code, code
-
-
-def refusal(error: Exception) -> str | None:
-    """The compiler's sentence when it refused a program for memory (RESOURCE_EXHAUSTED),
-    else None."""
-    text = str(error)
-    if "RESOURCE_EXHAUSTED" not in text:
-        return None
-    return text.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
 
 
 def bytes_on_device(tree, device, arrays_only: bool = True) -> int:

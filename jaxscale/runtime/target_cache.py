@@ -31,8 +31,8 @@ from types import SimpleNamespace
 
 import jax
 
-from jaxscale.runtime.gpu_target_config import target_config
 from jaxscale.files import write_text_atomically
+from jaxscale.runtime.gpu_target_config import target_config
 
 FOLDER = "targets"
 VERSION = 1  # of the file's fields
@@ -76,13 +76,22 @@ def compile_for(lowered, target) -> tuple[KeptProgram, str]:
     try:
         compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" in str(e):  # the chip is too small: the same next time
+        if refusal(e) is not None:  # the chip is too small: the same next time
             _write(path, {"refused": str(e)})
         raise
     record = {"refused": None, "memory": _memory(compiled), "cost": _cost(compiled),
               "text": compiled.as_text()}  # the optimized HLO, printed once
     _write(path, record)
     return KeptProgram(record), "compiled"
+
+
+def refusal(error: Exception) -> str | None:
+    """The compiler's sentence when it refused a program for memory (RESOURCE_EXHAUSTED),
+    else None."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return None
+    return text.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
 
 
 def key(lowered, target) -> str:
