@@ -34,15 +34,25 @@ def inside_step(cfg, plan, step, state, devices, batch_size: int, top: int = TOP
            "activations": residuals.block_residuals(cfg, plan, batch_size)}
     batch = abstract_batch(step, devices, batch_size, cfg.seq_len)
     try:
-        compiled = step.jitted.lower(state, batch).compile()
+        compiled, rows = _compiled_and_peak(step, state, batch, devices)
     except jax.errors.JaxRuntimeError as e:
         out["refused"] = memory.refusal(e)
         if out["refused"] is None:
             raise
         return out
     out["memory"] = memory.memory(compiled)
-    rows = (buffers.peak_buffers(compiled)  # XLA:TPU returns none: from its text dump
-            or buffer_dump.compile_and_read(step.jitted, state, batch))
     out["at_peak"] = buffers.by_kind(rows)
     out["peak_buffers"] = [r for r in rows if r["kind"] == "temporary"][:top]
     return out
+
+
+def _compiled_and_peak(step, state, batch, devices) -> tuple:
+    """(the compiled step, the buffers live at its peak). XLA:TPU keeps its buffer
+    assignment back, so on TPU devices the step is compiled once with the text dump on and
+    read from it; elsewhere from the program, or from a dump if a compiler returns none."""
+    if devices[0].platform == "tpu":
+        return buffer_dump.compile_and_read(step.jitted, state, batch)
+    compiled = step.jitted.lower(state, batch).compile()
+    rows = (buffers.peak_buffers(compiled)
+            or buffer_dump.compile_and_read(step.jitted, state, batch)[1])
+    return compiled, rows

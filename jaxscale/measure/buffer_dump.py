@@ -41,15 +41,20 @@ _HELD = re.compile(r"^ value: <\d+ (?P<name>\S+?)(?P<index>\{[\d,]*\})?(?: \(phi
 _FRESH = itertools.count()
 
 
-def compile_and_read(jitted, *args) -> list[dict]:
-    """Compile `jitted` on `args` (ShapeDtypeStructs will do) with XLA's dump on, and read
-    the peak's buffers from it."""
+def compile_and_read(jitted, *args) -> tuple:
+    """(the compiled program, the peak's buffers): `jitted` compiled on `args`
+    (ShapeDtypeStructs will do) with XLA's dump on, and the buffers read from the dump.
+    The program is `jitted`'s under another name, so its memory analysis is the same; that
+    name is taken off the buffers' op_names, which then read as the program's own."""
     def program(*a):
         return jitted(*a)
     program.__name__ = f"explain_{os.getpid()}_{next(_FRESH)}"  # its own cache key
     with tempfile.TemporaryDirectory(prefix="jaxscale-dump-") as folder, _not_kept():
-        jax.jit(program).lower(*args).compile(compiler_options={"xla_dump_to": folder})
-        return peak_from_dump(folder)
+        compiled = jax.jit(program).lower(*args).compile(
+            compiler_options={"xla_dump_to": folder})
+        rows = peak_from_dump(folder)
+    wrapper = f"jit({program.__name__})/"
+    return compiled, [r | {"op_name": r["op_name"].removeprefix(wrapper)} for r in rows]
 
 
 @contextlib.contextmanager

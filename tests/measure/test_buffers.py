@@ -127,12 +127,16 @@ def test_the_text_dump_gives_the_same_buffers():
     step = jax.jit(lambda ws, x: jax.grad(lambda ws: jnp.sum(
         jax.nn.relu(jax.nn.relu(x @ ws[0]) @ ws[1]) @ ws[2]))(ws))
     compiled = step.lower(ws, x).compile()  # (kept in the cache: the dump must not hit it)
-    dumped = buffer_dump.compile_and_read(step, ws, x)
+    dumped_program, dumped = buffer_dump.compile_and_read(step, ws, x)
     proto = {r["instruction"]: r for r in buffers.peak_buffers(compiled)}
     assert dumped and all(r["bytes"] > 0 and r["shape"] != "?" for r in dumped)
     assert {r["kind"] for r in dumped} >= {"argument"}
+    assert memory.memory(dumped_program) == memory.memory(compiled)  # the same program
     shared = [r for r in dumped if r["instruction"] in proto]
     assert shared and all(proto[r["instruction"]]["shape"] == r["shape"] for r in shared)
+    # named as the program's own ops, not the dump's wrapper
+    named = [r for r in shared if r["op_name"]]
+    assert named and all(proto[r["instruction"]]["op_name"] == r["op_name"] for r in named)
 
 
 @pytest.mark.parametrize("shape, index, part", [
