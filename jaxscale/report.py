@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from jaxscale.files import replacing
+
 
 def plural(n: float, word: str, many: str | None = None) -> str:
     """A count with its noun in the right number: '1 device', '8 devices', '1,024 devices'.
@@ -224,7 +226,12 @@ def figure_formats() -> tuple[str, ...]:
 
 
 def save_figure(fig, path: Path, dpi: int = 110) -> None:
-    """Lay out, write as PNG and close (figures hold memory until closed)."""
+    """Lay out, write whole or not at all, in the format the name's extension says (no
+    extension: matplotlib's default, PNG), and close (figures hold memory until closed)."""
+    path = Path(path)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
+    try:
+        with replacing(path, "wb") as f:
+            fig.savefig(f, dpi=dpi, format=path.suffix[1:].lower() or None)
+    finally:
+        pyplot().close(fig)

@@ -52,3 +52,18 @@ def test_an_output_set_removes_only_its_own_names(tmp_path):
     (out / "notes.txt").write_text("the user's")
     start_output_set(out, ["result.json", "loss.png"])
     assert sorted(os.listdir(out)) == ["notes.txt"]
+
+
+def test_a_figure_is_written_whole_in_its_extensions_format(tmp_path):
+    from jaxscale import report
+    plt = report.pyplot()
+    for name, magic in (("chart.png", b"\x89PNG"), ("chart.PDF", b"%PDF"),
+                        ("chart.svg", b"<?xml")):
+        report.save_figure(plt.subplots()[0], tmp_path / name)
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+    (tmp_path / "chart.xyz").write_text("old")
+    with pytest.raises(ValueError, match="xyz"):  # a format matplotlib cannot write
+        report.save_figure(plt.subplots()[0], tmp_path / "chart.xyz")
+    assert (tmp_path / "chart.xyz").read_text() == "old"
+    assert sorted(os.listdir(tmp_path)) == ["chart.PDF", "chart.png", "chart.svg", "chart.xyz"]
+    assert not plt.get_fignums()  # every figure closed, the failed one too

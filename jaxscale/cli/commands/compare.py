@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from jaxscale.cli.main import COMMANDS, _number
+from jaxscale.files import write_text_atomically
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.runtime import devices as devlib
 from jaxscale.cli import cluster_options, config_file
@@ -215,7 +216,7 @@ def run(args) -> int:
     compare_baseline.check(base, result)
     save(result["rows"])
     compare_baseline.save(args, out)
-    (out / "compare.md").write_text(report.markdown(result))
+    write_text_atomically(out / "compare.md", report.markdown(result))
     from jaxscale.compare.charts import charts
     charts(result, out)
     if args.json:
@@ -275,7 +276,7 @@ def _run_abstract(args, cfg, plans, out: Path, target=None) -> int:
         result.update(target=target.name, topology=target.topology, seq=cfg.seq_len,
                       hbm_bytes=target.hbm_bytes)
     _write_json(out / "compare.json", result)
-    (out / "compare.md").write_text(report.markdown(result))
+    write_text_atomically(out / "compare.md", report.markdown(result))
     config_file.write(args.parser, args, out)  # the options this run ran with
     if args.json:
         print(json.dumps(result))
@@ -295,6 +296,5 @@ def _start_outputs(out: Path) -> None:
 
 def _write_json(path: Path, obj) -> None:
     """Write whole or not at all: a reader never sees half a file."""
-    from jaxscale.files import write_text_atomically
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, json.dumps(obj, indent=1))
