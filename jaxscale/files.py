@@ -20,6 +20,7 @@ stopped before writing anything, none of the set.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,9 +30,14 @@ from typing import IO
 @contextmanager
 def replacing(path: Path, mode: str = "w", durable: bool = False) -> Iterator[IO]:
     """A file opened for writing (`mode` "w" or "wb") that replaces `path` when the block
-    ends without an exception, and never otherwise."""
+    ends without an exception, and never otherwise. A symbolic link is followed (its
+    target is replaced, as `open` would write it); the new file has the process's default
+    permissions, not the old file's."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if path.is_symlink():
+        path = path.resolve()
+    # its own name even for two writers of one path on two hosts sharing the folder
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f

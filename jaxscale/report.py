@@ -229,8 +229,8 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
     """Lay out, write whole or not at all, in the format the name's extension says (no
     extension: matplotlib's default, PNG), and close (figures hold memory until closed)."""
     path = Path(path)
-    fig.tight_layout()
     try:
+        fig.tight_layout()
         with replacing(path, "wb") as f:
             fig.savefig(f, dpi=dpi, format=path.suffix[1:].lower() or None)
     finally:

@@ -33,6 +33,7 @@ from jaxscale.compare.run import mesh_label
 from jaxscale.compare.strategies import CONTROL, CompareError
 from jaxscale.compare.time_model import calibrate
 from jaxscale.data.sampler import StepBatches
+from jaxscale.files import replacing
 from jaxscale.model import config as model_config, optim
 from jaxscale.parallel.plan import Plan
 from jaxscale.runtime import devices as devlib, processes as distributed
@@ -187,7 +188,8 @@ def _save_params(row, folder, me):
     path = Path(folder) / f"{row['name'].replace('/', '_')}.npz"
     if me == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, **params)
+        with replacing(path, "wb") as f:  # whole or not at all
+            np.savez(f, **params)
     return str(path)
 
 

@@ -37,6 +37,15 @@ def test_nothing_is_created_when_the_first_write_fails(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_symbolic_link_is_followed_and_kept(tmp_path):
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "compare.md"
+    target.write_text("old")
+    (tmp_path / "latest.md").symlink_to(target)
+    write_text_atomically(tmp_path / "latest.md", "new")
+    assert (tmp_path / "latest.md").is_symlink() and target.read_text() == "new"
+
+
 def test_lines_end_with_newlines_and_bytes_are_written_as_they_are(tmp_path):
     write_lines_atomically(tmp_path / "a.txt", iter(["x", "y"]))
     assert (tmp_path / "a.txt").read_text() == "x\ny\n"
