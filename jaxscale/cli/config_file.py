@@ -80,10 +80,13 @@ def _given(parser, argv: list[str]) -> dict:
 def load(path: str, parser) -> dict:
     """{dest: value} of the file's keys, each checked as its option checks it."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")  # TOML is UTF-8, as `write` writes it
         data = tomllib.loads(text)
     except OSError as e:
         raise ConfigError(f"cannot read the config {path!r}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the config {path!r} is not UTF-8 text (byte {e.start}), as "
+                          "TOML must be") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"the config {path!r} is not TOML: {e}") from None
     actions, values = _actions(parser), {}

@@ -49,6 +49,15 @@ def test_bad_files_are_one_line_naming_key_and_line(capsys, tmp_path, text, word
     assert all(w in err for w in words), err
 
 
+def test_a_file_that_is_not_utf8_is_one_line(capsys, tmp_path):
+    f = tmp_path / "latin1.toml"
+    f.write_bytes('out = "café"\n'.encode("latin-1"))  # TOML is UTF-8 whatever the locale
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", str(f)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "not UTF-8" in err, err
+
+
 def test_a_missing_file_is_refused(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["train", "--config", str(tmp_path / "none.toml")])
