@@ -91,7 +91,8 @@ def refusal(error: Exception) -> str | None:
     text = str(error)
     if "RESOURCE_EXHAUSTED" not in text:
         return None
-    return text.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
+    said = text.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()
+    return said[0] if said else text.strip()  # (a refusal with no sentence: the error)
 
 
 def key(lowered, target) -> str:

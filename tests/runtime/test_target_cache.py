@@ -77,6 +77,15 @@ def test_a_refusal_for_memory_is_kept_and_raised_again_without_compiling(kept):
     assert program.tries == 1
 
 
+@pytest.mark.parametrize("text, said", [
+    ("RESOURCE_EXHAUSTED: Ran out of memory: 20G of 16G\nmore", "Ran out of memory: 20G of 16G"),
+    ("RESOURCE_EXHAUSTED:  ", "RESOURCE_EXHAUSTED:"),  # no sentence: the error itself
+    ("INTERNAL: the compiler crashed", None),
+])
+def test_a_refusal_is_the_compilers_first_sentence(text, said):
+    assert TC.refusal(jax.errors.JaxRuntimeError(text)) == said
+
+
 def test_any_other_compile_error_is_not_kept(kept):
     program = _Refusing("INTERNAL: the compiler crashed")
     for _ in range(2):
