@@ -2,7 +2,9 @@
 half of one; and a command's output folder holds one run's files, never one run's beside
 another's.
 
-Every file jaxscale writes for later reading goes through `replacing`: the bytes go to a
+Every file jaxscale writes whole for later reading goes through `replacing` (the
+exceptions are logs that grow a line at a time, like metrics.jsonl, whose reader drops a
+half-written last line, and Orbax's own checkpoint files): the bytes go to a
 temporary name in the same folder (the same file system, so the rename is atomic), and only
 a write that finished is renamed over the target. A failure, or Ctrl-C, leaves the target
 as it was and removes the temporary file. `durable=True` also waits for the disk before the
