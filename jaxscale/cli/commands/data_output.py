@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from jaxscale.data.clean_report import stage_note
-from jaxscale.files import write_lines_atomically
+from jaxscale.files import write_lines_atomically, write_text_atomically
 from jaxscale.report import Progress, print_table
 
 
@@ -73,7 +73,8 @@ def write_out(out: Path, report, ids, lines, texts, result) -> None:
         write_lines_atomically(tmp / "removed.jsonl",
                                map(removed, (report.removed_by >= 0).nonzero()[0].tolist()),
                                durable=True)
-        write_lines_atomically(tmp / "report.json", [json.dumps(result, indent=1)], durable=True)
+        write_text_atomically(tmp / "report.json", json.dumps(result, indent=1) + "\n",
+                              durable=True)
         (out / "report.json").unlink(missing_ok=True)  # no report.json while the set changes
         for name in OUTPUTS:
             os.replace(tmp / name, out / name)
