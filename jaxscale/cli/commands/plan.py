@@ -11,7 +11,6 @@ costmodel.devices.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 
 from jaxscale import costmodel as cm
@@ -24,6 +23,7 @@ from jaxscale.costmodel import devices as D
 from jaxscale.costmodel import states as S
 from jaxscale.costmodel.units import human_bytes, short_bytes
 from jaxscale.cli.main import COMMANDS
+from jaxscale.cli.commands import plan_verify
 
 
 def _fixed(text: str) -> tuple[tuple[str, int], ...]:
@@ -237,61 +237,10 @@ def render(r: dict) -> None:
               [_row(miss, experts)])
 
 
-def _target(args):
-    """--target and --verify, checked before any work: the Target (or None); --devices and
-    --device follow the target."""
-    if args.verify is None and args.target is None:
-        return None
-    from jaxscale.runtime import targets
-    if args.verify is None or args.target is None or not args.model:
-        raise cm.CostModelError("--verify N needs --target NAME and --model (a preset or a "
-                                "config.json): it compiles the model for the target")
-    try:
-        target = targets.available_target(args.target)
-    except targets.TargetError as e:
-        raise cm.CostModelError(str(e)) from None
-    if args.devices != target.n_devices:
-        raise cm.CostModelError(f"--devices {args.devices}, but {target.name} has "
-                                f"{target.n_devices} chips")
-    args.device = f"tpu-{target.generation}"
-    if args.device not in D.DEVICES:
-        raise cm.CostModelError(f"the cost model has no {args.device} to plan with")
-    args.top = max(args.top, args.verify - 1)
-    return target
-
-
-def _verify(args, out: dict, target) -> dict:
-    from dataclasses import replace as with_
-
-    from jaxscale.compare.verify import verify
-    from jaxscale.model.config import preset
-    from jaxscale.runtime import targets
-    cfg = preset(args.model)
-    cfg = with_(cfg, seq_len=out["job"]["shape"]["seq"])
-    candidates = ([out["recommended"]] if out["recommended"] else []) + out["alternatives"]
-    return verify(cfg, candidates[:args.verify], target, targets.target_devices(target),
-                  args.batch, args.bytes_per_param)
-
-
-def render_verified(v: dict) -> None:
-    table(f"the planner's top {len(v['rows'])} compiled for {v['target']} by XLA:TPU "
-          f"(memory per chip; the chip has {human_bytes(v['hbm_bytes'])})",
-          ["planner rank", "layout", "planner's memory", "compiler's", "planner's error",
-           "fits", "new rank"],
-          [[r["rank"], r["name"], short_bytes(r["predicted_bytes"]),
-            short_bytes(r["compiled_bytes"]) if r.get("compiled_bytes") else "-",
-            f"{r['error']:+.1%}" if r.get("error") is not None else "-",
-            "yes" if r["fits"] else ("not buildable" if not r["buildable"] else "NO"),
-            v["reranked"].index(r["rank"]) + 1] for r in v["rows"]])
-    for r in v["rows"]:
-        if r.get("refused") or not r["buildable"]:
-            print(f"{r['name']}: {r.get('refused') or r['why']}", file=sys.stderr)
-
-
 def run(args) -> int:
-    target = _target(args)
+    target = plan_verify.checked_target(args)
     out = compute(args)
     if target is not None:
-        out["verified"] = _verify(args, out, target)
-    emit(args, out, lambda r: (render(r), r.get("verified") and render_verified(r["verified"])))
+        out["verified"] = plan_verify.verify(args, out, target)
+    emit(args, out, lambda r: (render(r), r.get("verified") and plan_verify.render(r["verified"])))
     return 0 if out["recommended"] else 1
