@@ -246,6 +246,34 @@ def test_plan_verify_needs_a_target_and_a_model():
     assert r.returncode == 2 and "--verify N needs --target NAME and --model" in r.stderr
 
 
+def test_plan_needs_devices_unless_a_target_gives_them(fail):
+    assert "give --devices K (the devices in all), or --target NAME" in fail(
+        "plan", "--params", "7e9")
+
+
+@needs_libtpu
+@pytest.mark.parametrize("given, words", [
+    ((), None), (("--devices", "4", "--device", "tpu-v5e"), None),
+    (("--devices", "8"), "--devices 8, but v5e-4 has 4 chips"),
+    (("--device", "h100"), "--device h100, but v5e-4's chips are tpu-v5e: drop --device"),
+], ids=["from-target", "same-as-target", "other-devices", "other-device"])
+def test_plan_target_gives_the_devices_and_the_chip(given, words):
+    """`plan --target`: --devices and --device default to the slice's chips, and a value
+    that contradicts the slice is refused by name, not silently replaced."""
+    from jaxscale import costmodel as cm
+    from jaxscale.cli.commands import plan_verify
+    from jaxscale.cli.main import build_parser
+    args = build_parser(commands=["plan"]).parse_args(
+        ["plan", "--model", "7b", "--target", "v5e-4", "--verify", "2", *given])
+    if words is None:
+        assert plan_verify.checked_target(args).n_devices == 4
+        assert (args.devices, args.device) == (4, "tpu-v5e")
+    else:
+        with pytest.raises(cm.CostModelError) as e:
+            plan_verify.checked_target(args)
+        assert words in str(e.value)
+
+
 def test_the_gpu_target_config_is_the_devices_facts():
     from jaxscale.runtime.gpu_target_config import target_config
     text = target_config("h200")

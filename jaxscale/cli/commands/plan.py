@@ -66,9 +66,11 @@ def register(subparsers) -> None:
         "printed). Exit code 1 if nothing fits."))
     p.add_argument("--params", type=count_arg, default=None, metavar="N",
                    help="parameter count, e.g. 70e9 or 70B (default: from --model or the shape)")
-    p.add_argument("--devices", type=size_arg(), required=True, metavar="K", help="devices in all")
-    p.add_argument("--device", type=str.lower, choices=list(D.DEVICES), default="a100",
-                   help="the accelerator: peak FLOP/s, memory, links (default a100)")
+    p.add_argument("--devices", type=size_arg(), default=None, metavar="K",
+                   help="devices in all (required, unless --target gives them)")
+    p.add_argument("--device", type=str.lower, choices=list(D.DEVICES), default=None,
+                   help="the accelerator: peak FLOP/s, memory, links (default a100, or "
+                        "--target's chip)")
     p.add_argument("--device-memory", type=bytes_arg, default=None, metavar="SIZE",
                    help="memory per device, e.g. 80GB or 80GiB (default: the device's)")
     p.add_argument("--node-size", type=size_arg(), default=None, metavar="N",
@@ -238,7 +240,11 @@ def render(r: dict) -> None:
 
 
 def run(args) -> int:
-    target = plan_verify.checked_target(args)
+    target = plan_verify.checked_target(args)  # --devices and --device from the target
+    if args.devices is None:
+        raise cm.CostModelError("give --devices K (the devices in all), or --target NAME "
+                                "with --verify N")
+    args.device = args.device or "a100"
     out = compute(args)
     if target is not None:
         out["verified"] = plan_verify.verify(args, out, target)

@@ -13,7 +13,7 @@ from jaxscale.costmodel.units import human_bytes, short_bytes
 
 def checked_target(args):
     """--target and --verify, checked before any work: the Target (or None); --devices and
-    --device follow the target."""
+    --device default to the target's chips, and a different value is refused."""
     if args.verify is None and args.target is None:
         return None
     from jaxscale.runtime import targets
@@ -24,12 +24,16 @@ def checked_target(args):
         target = targets.available_target(args.target)
     except targets.TargetError as e:
         raise cm.CostModelError(str(e)) from None
-    if args.devices != target.n_devices:
+    if args.devices not in (None, target.n_devices):
         raise cm.CostModelError(f"--devices {args.devices}, but {target.name} has "
                                 f"{target.n_devices} chips")
-    args.device = f"tpu-{target.generation}"
-    if args.device not in D.DEVICES:
-        raise cm.CostModelError(f"the cost model has no {args.device} to plan with")
+    chip = f"tpu-{target.generation}"
+    if args.device not in (None, chip):
+        raise cm.CostModelError(f"--device {args.device}, but {target.name}'s chips are "
+                                f"{chip}: drop --device (it follows --target)")
+    if chip not in D.DEVICES:
+        raise cm.CostModelError(f"the cost model has no {chip} to plan with")
+    args.devices, args.device = target.n_devices, chip
     args.top = max(args.top, args.verify - 1)
     return target
 
