@@ -10,8 +10,9 @@ option given on the command line replaces the file's list). A flag the file sets
 stays on: the command line has no way to say "off" for it.
 
 Each run writes the options it ran with as `config.toml` beside its results, paths made
-absolute and one-off options (resuming, halting, a cluster's process) left out: `--config`
-of that file repeats the run, from any folder.
+absolute and one-off options (resuming, with --accept-lr-change and a checkpoint folder only
+resumed from; halting; a cluster's process) left out: `--config` of that file repeats the
+run from its first step, from any folder.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from jaxscale.files import write_text_atomically
 
 NAME = "config.toml"
 SKIP = ("help", "config")  # not settings of the run
-ONE_OFF = ("baseline", "save-baseline", "save-params", "profile", "resume", "halt-after",
-           "process-id", "num-processes", "coordinator")  # not written to config.toml
+ONE_OFF = ("baseline", "save-baseline", "save-params", "profile", "resume", "accept-lr-change",
+           "halt-after", "process-id", "num-processes", "coordinator")  # not in config.toml
 
 
 class ConfigError(ValueError):
@@ -136,13 +137,15 @@ def _line(text: str, key: str) -> int:
     return 1
 
 
-def write(parser, args, folder) -> Path:
-    """`config.toml` in `folder`: every option this run ran with (None: left out)."""
+def write(parser, args, folder, one_off: tuple[str, ...] = ()) -> Path:
+    """`config.toml` in `folder`: every option this run ran with (None: left out), less
+    ONE_OFF and the command's own `one_off` keys (options that served only this run)."""
     lines = [f"# jaxscale {parser.prog.split()[-1]}: the options of this run "
              f"(jaxscale {parser.prog.split()[-1]} --config {NAME} repeats it)"]
     for key, a in sorted(_actions(parser).items()):
         value = getattr(args, a.dest, None)
-        if value is None or value is False or key in ONE_OFF or a.dest in ("run", "argv"):
+        if (value is None or value is False or key in ONE_OFF + one_off
+                or a.dest in ("run", "argv")):
             continue
         lines.append(f"{key} = {_toml(value)}")
     path = Path(folder) / NAME

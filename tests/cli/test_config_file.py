@@ -93,3 +93,24 @@ def test_prefixes_dates_and_any_text(capsys, tmp_path):
         main(["train", "--config", str(f)])
     err = capsys.readouterr().err
     assert "line 1" in err and "takes a number, a string" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("given, kept", [
+    (("--checkpoint-dir", "ck", "--resume", "--accept-lr-change"), False),
+    (("--checkpoint-dir", "ck", "--checkpoint-every", "4", "--resume"), True),
+], ids=["only-resumed-from", "saved-into"])
+def test_a_resumed_runs_config_toml_repeats_it_from_the_start(tmp_path, given, kept):
+    """A resumed run's file leaves out what served the resume alone: --resume,
+    --accept-lr-change (refused without --resume) and a checkpoint folder it only resumed
+    from (refused without --checkpoint-every or --resume); a folder it saved into stays."""
+    import tomllib
+
+    from jaxscale.cli.commands import train
+    args = build_parser(commands=["train"]).parse_args(
+        ["train", *given, "--out", str(tmp_path / "run")])
+    train._write_config(args)
+    back = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
+    assert "resume" not in back and "accept-lr-change" not in back
+    assert ("checkpoint-dir" in back) == kept
+    again = config_file.reparse(_sub("train")[1], [], str(tmp_path / "run" / "config.toml"))
+    train._checkpoint_options(again)  # the file's options are a valid run: no CheckpointError

@@ -155,7 +155,6 @@ def run(args) -> int:
     train_notes.before_run(args, cfg, log)
 
     main = is_main()  # several processes: only process 0 prints
-    from jaxscale.cli import config_file  # the options a run ran with, once it has run
     try:
         result = train(cfg, out_dir=args.out, progress=not args.json, log=log,
                        checkpoint=checkpoint, halt_after=args.halt_after, faults=faults,
@@ -166,7 +165,9 @@ def run(args) -> int:
     except TrainInterrupted as e:
         if not main:
             return EXIT_INTERRUPTED
-        config_file.write(args.parser, args, args.out)
+        _write_config(args)
+        if args.json:  # the steps that ran, as compare --json prints its partial table
+            print(json.dumps(e.result.to_json()))
         print(f"jaxscale: interrupted after {plural(e.result.steps_run, 'step')} of "
               f"{cfg.steps:,}; metrics so far and a partial result.json "
               f"(\"interrupted\": true) in {args.out}/", file=sys.stderr)
@@ -175,7 +176,7 @@ def run(args) -> int:
         return EXIT_INTERRUPTED
     if not main:
         return EXIT_FAILED if result.nonfinite_step is not None else 0
-    config_file.write(args.parser, args, args.out)
+    _write_config(args)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -184,6 +185,14 @@ def run(args) -> int:
         _error(_diverged_message(result, cfg))
         return EXIT_FAILED
     return 0
+
+
+def _write_config(args) -> None:
+    """The run's config.toml; a checkpoint folder only resumed from (no --checkpoint-every)
+    served this run alone, like --resume: the file repeats the run from its first step."""
+    from jaxscale.cli import config_file
+    config_file.write(args.parser, args, args.out,
+                      one_off=("checkpoint-dir",) if args.checkpoint_every is None else ())
 
 
 def _elastic(cfg, directory):
