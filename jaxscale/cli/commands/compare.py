@@ -22,7 +22,8 @@ from jaxscale.files import write_text_atomically
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.runtime import devices as devlib
 from jaxscale.cli import cluster_options, config_file
-from jaxscale.cli.commands import compare_baseline, compare_judging, compare_target
+from jaxscale.cli.commands import (compare_baseline, compare_checks, compare_judging,
+                                    compare_target)
 from jaxscale.model import config as model_config
 
 
@@ -165,11 +166,9 @@ def run(args) -> int:
     out = Path(args.out)
     cluster = distributed.from_args(args)
     base = compare_baseline.load(args, on_cpu)  # another job's is refused before JAX
-    _check_trace(args, cluster)
+    compare_checks.check_trace(args, cluster)
     if args.abstract:
-        if cluster is not None:
-            raise CompareError("--abstract compiles in one process; drop the multi-process "
-                               "options (or run it without `jaxscale launch`)")
+        compare_checks.check_abstract(args, cluster)
         return _run_abstract(args, cfg, plans, out, target)
     from jaxscale.compare import report
     from jaxscale.compare.run import WorkerError, run_all
@@ -229,19 +228,6 @@ def run(args) -> int:
         print(f"report, JSON and charts in {out}/", file=sys.stderr)
     unchanged = result.get("baseline", {}).get("unchanged", True)
     return 0 if result["all_pass"] and unchanged else 1
-
-
-def _check_trace(args, cluster) -> None:
-    """--trace-divergence's conditions, checked before anything runs."""
-    from jaxscale.compare.strategies import CompareError
-    if not args.trace_divergence:
-        return
-    if args.precision not in (None, "fp32") and not args.tolerance:
-        raise CompareError(f"--trace-divergence bounds each step by fp32's rounding, which "
-                           f"--precision {args.precision} exceeds by design; give --tolerance")
-    if args.abstract or cluster is not None:
-        raise CompareError("--trace-divergence retrains each strategy in one process next to "
-                           "the single device; drop --abstract and the multi-process options")
 
 
 def _spec(args, plans: dict, cluster, on_cpu: bool) -> dict:
