@@ -19,6 +19,11 @@ class WorkerError(RuntimeError):
     """The worker could not start (no such devices, ...); its message is for the user."""
 
 
+class WorkerCrashed(WorkerError):
+    """The worker's process died before it started a strategy (killed, out of memory, a
+    runtime abort): the run went wrong, the options were not at fault."""
+
+
 def mesh_label(plan: dict) -> str:
     """A strategy's layout in a few words, e.g. 'dp=2 tp=4 ZeRO-1 1f1b m=4'."""
     parts = [f"{a}={plan.get(a, 1)}" for a in ("dp", "ep", "cp", "tp", "pp")

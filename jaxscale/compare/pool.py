@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 
-from jaxscale.compare.child import Child, WorkerError, mesh_label
+from jaxscale.compare.child import Child, WorkerCrashed, WorkerError, mesh_label
 from jaxscale.runtime.launcher import exit_text
 
 
@@ -161,8 +161,8 @@ class _Pool:
         self.members.remove(m)
         what, name = m.task or (None, None)
         if what == "setup":
-            raise WorkerError(f"the compare worker exited ({exit_text(rc)}) before it started "
-                              f"a strategy: {m.child.last_words()}")
+            raise WorkerCrashed(f"the compare worker exited ({exit_text(rc)}) before it "
+                                f"started a strategy: {m.child.last_words()}")
         lost = [n for n, h in self.held.items() if h is m]
         for n in lost:  # built there, never timed: to be built again before more timing
             del self.held[n]

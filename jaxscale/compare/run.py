@@ -37,7 +37,7 @@ import os
 import time
 
 from jaxscale.compare import pool
-from jaxscale.compare.child import WORKER, Child, WorkerError, mesh_label
+from jaxscale.compare.child import WORKER, Child, WorkerCrashed, WorkerError, mesh_label
 from jaxscale.runtime.launcher import exit_text
 
 MAX_WORKERS = 4  # each holds the forced devices, the model and its rows: memory, not cores
@@ -124,8 +124,8 @@ def _one_worker(worker, spec, rows, on_row, log, t_start, total, voice, seen) ->
         child.kill()
         raise
     if running is None and settled < len(spec["strategies"]):
-        raise WorkerError(f"the compare worker exited ({exit_text(rc)}) before it started "
-                          f"a strategy: {child.last_words()}")
+        raise WorkerCrashed(f"the compare worker exited ({exit_text(rc)}) before it started "
+                            f"a strategy: {child.last_words()}")
     if running is not None:  # the worker died inside this strategy
         rows.append(child.died_in(running, spec["strategies"][settled]["plan"], rc))
         log(f"  {running} FAILED: its process died ({exit_text(rc)})"

@@ -35,6 +35,13 @@ PLAN = ["plan", "--params", "7e9", "--devices", "8"]
       "--micro-batches", "4"], ["2 x 3 = 6 chunks", "the 2 layers", "choose virtual from"]),
     (["launch", "--processes", "2", "--devices-per-process", "4", "--", "compare",
       "--abstract"], ["compare --abstract compiles in one process"]),
+    # an unknown schedule is named as unknown, whatever else is given
+    (["schedule", "--schedule", "zb1", "--weight-cost", "0.5"],
+     ["invalid choice: 'zb1'", "zb-h1"]),
+    # nothing asked of steps that never run is dropped in silence
+    (["compare", "--abstract", "--profile", "prof"], ["--profile keeps what training steps"]),
+    (["compare", "--abstract", "--profile", "prof", "--save-params", "params"],
+     ["--profile and --save-params keep", "drop them or --abstract"]),
 ])
 def test_refused_in_one_line_before_any_work(fail, argv, words):
     err = fail(*argv)
@@ -91,3 +98,27 @@ def test_a_halted_run_does_not_say_it_diverged(capsys, tmp_path):
     out = " ".join(capsys.readouterr().out.replace("│", " ").split())  # cells may wrap
     assert "not measured (halted (--halt-after) after 2 steps, before the first" in out
     assert "diverged" not in out
+
+
+def test_a_compare_worker_that_dies_before_its_first_strategy_is_a_failed_run(
+        capsys, tmp_path, monkeypatch):
+    """A worker killed before it starts (out of memory, a runtime abort) ends compare with
+    exit 1, the run went wrong, in one line naming where the finished rows are; exit 2 is
+    for options, and these were valid."""
+    from jaxscale.cli.main import main
+    from jaxscale.compare import run
+    from jaxscale.compare.child import WorkerCrashed
+
+    def one_row_then_dead(spec, on_row, log, **_):
+        on_row([{"name": "single", "pass": True}])
+        raise WorkerCrashed("the compare worker exited (killed by SIGKILL) before it started "
+                            "a strategy: (no output)")
+    monkeypatch.setattr(run, "run_all", one_row_then_dead)
+    monkeypatch.setattr("jaxscale.compare.strategies.judge", lambda rows, tolerance: {})
+    out = tmp_path / "c"
+    assert main(["compare", "--strategies", "dp", "--steps", "1", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("jaxscale: error: the compare worker exited (killed by SIGKILL) before it "
+                   "started a strategy: (no output); 1 strategy finished before it, in "
+                   f"{out / 'compare.json'}")
+    assert json.loads((out / "compare.json").read_text())["rows"][0]["name"] == "single"

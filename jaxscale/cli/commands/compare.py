@@ -17,8 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from jaxscale.cli.main import COMMANDS, _number
+from jaxscale.cli.main import COMMANDS, EXIT_FAILED, _error, _number
 from jaxscale.files import write_text_atomically
+from jaxscale.report import plural
 from jaxscale.runtime.devices import PLATFORMS
 from jaxscale.runtime import devices as devlib
 from jaxscale.cli import cluster_options, config_file
@@ -171,7 +172,7 @@ def run(args) -> int:
         compare_checks.check_abstract(args, cluster)
         return _run_abstract(args, cfg, plans, out, target)
     from jaxscale.compare import report
-    from jaxscale.compare.run import WorkerError, run_all
+    from jaxscale.compare.run import WorkerCrashed, WorkerError, run_all
     from jaxscale.compare.strategies import judge
     result = {"model": args.model, "devices": args.devices, "steps": args.steps,
               "batch_size": args.batch_size, "cores": os.cpu_count(),
@@ -195,6 +196,11 @@ def run(args) -> int:
     wall: dict = {}  # where the run's wall time went: compile phase, timing phase, ...
     try:
         rows = run_all(spec, save, log, voice=voice, wall=wall)
+    except WorkerCrashed as e:  # the run went wrong (exit 1), not the options (exit 2)
+        done = plural(len(result["rows"]), "strategy", "strategies")
+        _error(f"{e}" + (f"; {done} finished before it, in {out / 'compare.json'}"
+                         if result["rows"] else ""))
+        return EXIT_FAILED
     except WorkerError as e:
         raise CompareError(str(e)) from None
     except KeyboardInterrupt:

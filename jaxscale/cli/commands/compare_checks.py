@@ -18,8 +18,14 @@ def check_trace(args, cluster) -> None:
 
 
 def check_abstract(args, cluster) -> None:
-    """--abstract's conditions: one process."""
+    """--abstract's conditions: one process, and nothing asked of steps that never run."""
     from jaxscale.compare.strategies import CompareError
     if cluster is not None:
         raise CompareError("--abstract compiles in one process; drop the multi-process "
                            "options (or run it without `jaxscale launch`)")
+    trained = [o for o, v in (("--profile", args.profile), ("--save-params", args.save_params))
+               if v is not None]
+    if trained:
+        raise CompareError(f"{' and '.join(trained)} keep{'s' if len(trained) == 1 else ''} "
+                           "what training steps leave, and --abstract runs none; drop "
+                           f"{'it' if len(trained) == 1 else 'them'} or --abstract")

@@ -40,7 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--micro-batches", type=_number(maximum=MAX_MICRO_BATCHES), default=4,
                    metavar="M", help="micro-batches m per step (default 4, at most "
                                      f"{MAX_MICRO_BATCHES:,})")
-    p.add_argument("--schedule", default="1f1b", metavar="NAME",
+    p.add_argument("--schedule", default="1f1b", metavar="NAME", choices=sched.SCHEDULES,
                    help=f"one of {', '.join(sched.SCHEDULES)} (default 1f1b)")
     p.add_argument("--virtual", type=_number(maximum=MAX_VIRTUAL), default=None, metavar="V",
                    help="model chunks per device, interleaved only (default 2 there and for "
