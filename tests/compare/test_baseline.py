@@ -23,8 +23,12 @@ def test_a_round_trip_passes_and_a_changed_run_fails_with_what_moved(cli, capsys
     dp["sent"]["all-reduce"] += 4
     dp["states_measured"] += 8
     base.write_text(json.dumps(saved))
-    assert main([*RUN, "--out", str(tmp_path / "c"), "--baseline", str(base)]) == 1
+    own = tmp_path / "c" / "compare.json"  # --save-baseline may name the run's own file
+    own.parent.mkdir()
+    assert main([*RUN, "--out", str(tmp_path / "c"), "--baseline", str(base),
+                 "--save-baseline", str(own)]) == 1
     printed = capsys.readouterr()
+    assert json.loads(own.read_text())["rows"] == json.loads(printed.out)["rows"]
     assert "what moved since the baseline (3)" in printed.err
     moved = json.loads(printed.out)
     what = {m["what"]: m for m in moved["baseline"]["moved"]}

@@ -3,10 +3,10 @@ jaxscale.compare.baseline (the options, the check before the run, the table afte
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 
 from jaxscale.cli.paths import output_file
+from jaxscale.files import write_text_atomically
 from jaxscale.report import print_table
 
 
@@ -56,8 +56,10 @@ def check(base, result: dict) -> None:
 
 
 def save(args, out) -> None:
+    """--save-baseline: this run's compare.json copied whole (a Ctrl-C leaves no half file;
+    FILE may be that compare.json itself)."""
     if args.save_baseline is not None:
-        shutil.copyfile(out / "compare.json", args.save_baseline)
+        write_text_atomically(args.save_baseline, (out / "compare.json").read_text())
 
 
 def _show(x) -> str:
