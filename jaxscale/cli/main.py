@@ -258,6 +258,11 @@ def _main(argv: list[str] | None) -> int:
         if type(e).__module__.startswith("jaxscale"):
             _fail(str(e))
         raise
+    except BrokenPipeError:
+        raise  # main() ends a closed pipe quietly
+    except OSError as e:  # the file system refused (permissions, a full disk): one line
+        _error(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+        return EXIT_FAILED
     except OverflowError as e:  # a safety net: the options' limits should keep it away
         _fail(f"a number is too large to compute with ({e}): use smaller values")
     except KeyboardInterrupt:  # Ctrl-C outside a training loop: nothing to save

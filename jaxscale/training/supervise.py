@@ -92,12 +92,12 @@ def supervise(argv: list[str], checkpoint_dir: str, max_restarts: int, resume: b
         as_json = "--json" in argv
     env = {**os.environ, SUPERVISED_ENV: "1"}
     out = Supervised(0)
-    interrupted = False
+    interrupted, child = False, None
 
     def on_interrupt(signum, frame):
         nonlocal interrupted
         interrupted = True
-        if child.poll() is None:
+        if child is not None and child.poll() is None:
             child.send_signal(signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
@@ -105,9 +105,14 @@ def supervise(argv: list[str], checkpoint_dir: str, max_restarts: int, resume: b
         while True:
             again = bool(out.attempts) and bool(complete_steps(checkpoint_dir))
             args = [*program, *argv] + (["--resume"] if again and not resume else [])
+            if interrupted:  # a Ctrl-C between two runs: no next run
+                out.returncode = 130
+                return out
             t0 = time.time()
             child = subprocess.Popen(args, env=env, start_new_session=True, text=True,
                                      stdout=subprocess.PIPE if as_json else None)
+            if interrupted:  # it came while the child started: pass it on
+                child.send_signal(signal.SIGINT)
             text = child.communicate()[0] or ""
             rc = child.returncode
             out.attempts.append(Attempt(t0, time.time(), rc, again or resume))

@@ -98,6 +98,28 @@ def test_checkpoint_prune_keeps_the_newest(tmp_path, capsys):
     assert [r["step"] for r in got["removed"]] == [8] and got["kept"] == [12]
 
 
+def test_a_file_system_refusal_is_one_line_naming_what_went(tmp_path, capsys, monkeypatch):
+    """An OSError (here the second removal refused, as a read-only folder would) is one line
+    on stderr with exit 1, not a traceback, and names the steps already removed."""
+    import errno
+
+    from jaxscale.training.checkpoint import store
+    d = _checkpoints(tmp_path)
+    real, calls = store.remove_step, []
+
+    def second_refused(directory, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise PermissionError(errno.EACCES, "Permission denied", str(d / ".deleted"))
+        real(directory, path)
+    monkeypatch.setattr(store, "remove_step", second_refused)
+    assert main(["checkpoint", "prune", str(d), "--keep", "1"]) == 1
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.strip() == (
+        f"jaxscale: error: Permission denied (removed before it: step 4): {d / '.deleted'}")
+    assert _steps(d) == ["12", "16.orbax-checkpoint-tmp", "8"]
+
+
 def test_checkpoint_rm_one_step(tmp_path, capsys):
     d = _checkpoints(tmp_path)
     assert main(["checkpoint", "rm", str(d), "8", "--json"]) == 0
@@ -139,6 +161,18 @@ def test_a_supervised_job_reports_its_whole_wall_time(tmp_path, capsys):
     assert got["train_s"] == 0.01  # the child's own keys stay
     assert got["job_wall_s"] == done.wall_s >= 0.3 + got["last_child_wall_s"]
     assert got["last_child_wall_s"] == done.last_wall_s
+
+
+def test_a_ctrl_c_between_two_supervised_runs_starts_no_third(tmp_path):
+    """The Ctrl-C lands while the supervisor logs the restart (after one child died, before
+    the next starts): no further child is started, and the job ends with 130."""
+    import signal
+
+    from jaxscale.training.supervise import supervise
+    done = supervise(["x"], str(tmp_path / "ck"), 3,
+                     log=lambda msg: signal.raise_signal(signal.SIGINT),
+                     program=[sys.executable, "-c", "import sys; sys.exit(1)"])
+    assert done.returncode == 130 and len(done.attempts) == 1
 
 
 def _compare_row(name, step_s, predicted):

@@ -76,8 +76,12 @@ def _remove(d, rows: list[dict], kept: list[int], as_json: bool) -> int:
     from jaxscale.training.checkpoint.store import remove_step
     from jaxscale.report import plural
 
-    for r in rows:
-        remove_step(d, r["path"])
+    for i, r in enumerate(rows):
+        try:
+            remove_step(d, r["path"])
+        except OSError as e:  # e.g. a folder this user cannot write: the error names what went
+            went = f" (removed before it: step {', '.join(str(x['step']) for x in rows[:i])})"
+            raise OSError(e.errno, f"{e.strerror or e}{went if i else ''}", e.filename) from None
     removed = [{"step": r["step"], "path": r["path"], "complete": r["complete"],
                 "bytes": r["bytes"]} for r in rows]
     if as_json:
