@@ -38,8 +38,9 @@ def register(subparsers) -> None:
                                         "direction (default infiniband)")
     p.add_argument("--grad-bytes", type=size_arg(), default=2, metavar="B",
                    help="bytes per gradient value: 2 for bf16/fp16, 4 for fp32 (default 2)")
-    p.add_argument("--act-bytes", type=size_arg(), default=2, metavar="B",
-                   help="bytes per activation value (default 2, 16-bit)")
+    p.add_argument("--act-bytes", type=size_arg(), default=None, metavar="B",
+                   help="bytes per activation value, for the TP and PP rows (default 2, "
+                        "16-bit)")
     add_shape_options(p, "sequences per step", 2048, 8)
     p.add_argument("--tp", type=size_arg(), default=None, metavar="T",
                    help="tensor-parallel degree (default K; must divide the heads)")
@@ -86,6 +87,7 @@ def compute(args) -> dict:
            "strategies": None}
     if shape is None:
         given = [o for o, v in (("--tp", args.tp), ("--pp", args.pp),
+                                ("--act-bytes", args.act_bytes),
                                 ("--recompute", args.recompute)) if v]
         if given:  # they shape the TP and PP rows, which need the model's shape
             raise cm.CostModelError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} the model's shape (--layers "
@@ -93,15 +95,17 @@ def compute(args) -> dict:
                                     "counts data parallelism's gradient all-reduce only")
         return out
     tp, pp = args.tp or k, args.pp or k
+    args.act_bytes = args.act_bytes or 2
     L, h, s, b = shape["layers"], shape["hidden"], shape["seq"], args.batch
     split = shape["heads"] or h
+    default = f" (the default: --devices {k})"
     if split % tp:
         what = "heads" if shape["heads"] else "hidden size"
-        raise cm.CostModelError(f"--tp {tp} does not divide the {what} {split}: choose from "
-                                f"{_divisors(split)}")
+        raise cm.CostModelError(f"--tp {tp}{'' if args.tp else default} does not divide the "
+                                f"{what} {split}: choose --tp from {_divisors(split)}")
     if L % pp:
-        raise cm.CostModelError(f"--pp {pp} does not divide the {L} layers: choose from "
-                                f"{_divisors(L)}")
+        raise cm.CostModelError(f"--pp {pp}{'' if args.pp else default} does not divide the "
+                                f"{L} layers: choose --pp from {_divisors(L)}")
     t = cm.tp_step_volume(L, s, b, h, tp, args.act_bytes, args.recompute)
     p_ = cm.pp_step_volume(s, b, h, pp, args.act_bytes)
     rows = [
