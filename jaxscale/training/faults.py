@@ -5,7 +5,9 @@ fired from a file beside the checkpoints, written before the fault acts):
     spike@STEP[:KIND]     the step's batch is garbage: KIND random tokens (default), one
                           token repeated (repeat), or one 8-gram repeated (ngram)
     lr@STEP:FACTOR        the learning rate is multiplied by FACTOR from STEP on (a rollback
-                          to before STEP does not bring the jump back: it fired once)
+                          to before STEP does not bring the jump back: it fired once; a
+                          restart from a checkpoint before STEP fires it again, as that
+                          checkpoint's learning rate predates the jump)
     crash@STEP            the process kills itself (SIGKILL) as STEP begins
 
 They come into the loop from outside (`train(..., faults=...)`); the spike guard
@@ -90,11 +92,15 @@ class FaultLog:
     outlives the process: it is written, and synced, before a fault acts, so a run
     restarted after `crash@STEP` does not crash at STEP again."""
 
-    def __init__(self, faults, path: Path | None = None, write: bool = True):
+    def __init__(self, faults, path: Path | None = None, write: bool = True,
+                 resumed_from: int = 0):
         self.faults, self.path, self.write = tuple(faults), path, write
         self.fired: set[str] = set()
         if path is not None and path.exists():
             self.fired = set(json.loads(path.read_text())["fired"])
+        # an lr fault acts on state a checkpoint keeps (the guard's factor): resumed from a
+        # step before it, the run's factor is the one before the jump, so it fires again
+        self.fired -= {str(f) for f in self.faults if f.kind == "lr" and f.step > resumed_from}
 
     def due(self, step: int) -> list[Fault]:
         """The faults of `step` that have not fired yet, each recorded as fired now."""

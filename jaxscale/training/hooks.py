@@ -41,6 +41,19 @@ class Hook:
         pass
 
 
+def close_all(hooks) -> None:
+    """Close every hook in order, each even when one before it raised (a trace that cannot
+    be written must not leave an async checkpoint unwaited), then raise the first error."""
+    first = None
+    for hook in hooks:
+        try:
+            hook.close()
+        except BaseException as e:  # a Ctrl-C too: the rest still close
+            first = first or e
+    if first is not None:
+        raise first
+
+
 class FaultInjector(Hook):
     """Fires the faults due at this step (each once per run, `training.faults`)."""
 

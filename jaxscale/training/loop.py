@@ -18,6 +18,7 @@ import jax
 
 from jaxscale import garden
 from jaxscale.model import config as model_config
+from jaxscale.model.precision import policy
 from jaxscale.report import plot_loss_curve
 from jaxscale.files import write_text_atomically
 from jaxscale.training import hooks as H
@@ -76,8 +77,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, progress: bool = 
     except KeyboardInterrupt:  # Ctrl-C: keep what ran, write it below, then stop the caller
         run.interrupted = True
     finally:
-        for hook in hooks:
-            hook.close()
+        H.close_all(hooks)
     return finish(run, validator, out)
 
 
@@ -101,6 +101,9 @@ def _step(run: Run, hooks: list[H.Hook], profiler) -> None:
         run.state, m = run.step_fn(run.state, batch, run.guard)
         m = jax.device_get(m)  # waits for the step; one transfer for all metrics
     run.loss, run.gnorm, run.accepted = float(m["loss"]), float(m["grad_norm"]), bool(m["accepted"])
+    skipped = int(m["skipped"])  # updates skipped so far, this step's included
+    applied = run.accepted and (bool(m["finite"]) or policy(cfg.precision).loss_scale != "dynamic")
+    count = run.step - 1 - (skipped - (not applied))  # the optimizer's: skips do not advance it
     if run.steps_run == 0:
         run.compile_s = run.clock() - t0
     run.steps_run += 1
@@ -109,8 +112,8 @@ def _step(run: Run, hooks: list[H.Hook], profiler) -> None:
     run.tokens += n_tokens
     run.record = {"step": run.step, "batch": run.data_step, "wall": time.time(),
                   "loss": run.loss, "grad_norm": run.gnorm, "n_tokens": n_tokens,
-                  "lr": float(run.schedule(run.step - 1)) * run.gs.lr_factor,
-                  "loss_scale": float(m["loss_scale"]), "skipped": int(m["skipped"]),
+                  "lr": float(run.schedule(count)) * run.gs.lr_factor,  # this step's update's
+                  "loss_scale": float(m["loss_scale"]), "skipped": skipped,
                   "time_s": run.clock() - run.t_start}
     for hook in hooks:
         hook.on_step(run)

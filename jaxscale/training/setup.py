@@ -73,28 +73,31 @@ def start_run(cfg, corpus, out_dir, progress, log, checkpoint, halt_after, fault
         step, canonical, meta = ckpt.restore(step_fn.canonical, asdict(cfg))
         return step, step_fn.canonical.from_canonical(canonical), meta
 
-    try:  # the checkpointer's threads are released if anything before the loop fails
+    try:  # the checkpointer's threads and metrics.jsonl are released if setup fails
         out = _resume_or_init(run, ckpt, checkpoint, restore, init_fn, params, halt_after,
                               out_dir if main else None)
+        validator = H.Validator(make_eval_step(graphdef), step_fn.full_params,
+                                corpus.val_batches(cfg.batch_size * 4))
+        profiler = profiling.Profiler(profile if main else None)
+        fault_log = FaultLog(faults, None if checkpoint is None else
+                             Path(checkpoint.directory) / FAULTS_FILE, write=main,
+                             resumed_from=run.start)
+        # the guarded step when it has something to do; else the plain one, not a bit apart
+        guarded = cfg.spike_policy != "none" or any(f.kind in ("nan", "lr") for f in faults)
+        scalars = [TensorBoard(tensorboard)] if tensorboard is not None and main else []
+        hooks = [H.FaultInjector(fault_log), H.Profiler(profiler),
+                 H.SpikeGuard(guarded, ckpt, restore), validator, H.MetricsWriter(run.metrics),
+                 *scalars,
+                 H.ProgressBar(Progress(cfg.steps, progress and main, label="train")),
+                 H.StopVote(halt_after), H.CheckpointSaver(ckpt)]
+        for hook in hooks:
+            hook.begin(run)
     except BaseException:
         if ckpt is not None:
             ckpt.close()
+        if run.metrics is not None:
+            run.metrics.close()
         raise
-    validator = H.Validator(make_eval_step(graphdef), step_fn.full_params,
-                            corpus.val_batches(cfg.batch_size * 4))
-    profiler = profiling.Profiler(profile if main else None)
-    fault_log = FaultLog(faults, None if checkpoint is None else
-                         Path(checkpoint.directory) / FAULTS_FILE, write=main)
-    # the guarded step when it has something to do; else the plain one, not a bit apart
-    guarded = cfg.spike_policy != "none" or any(f.kind in ("nan", "lr") for f in faults)
-    scalars = [TensorBoard(tensorboard)] if tensorboard is not None and main else []
-    hooks = [H.FaultInjector(fault_log), H.Profiler(profiler),
-             H.SpikeGuard(guarded, ckpt, restore), validator, H.MetricsWriter(run.metrics),
-             *scalars,
-             H.ProgressBar(Progress(cfg.steps, progress and main, label="train")),
-             H.StopVote(halt_after), H.CheckpointSaver(ckpt)]
-    for hook in hooks:
-        hook.begin(run)
     run.t_start = run.clock()
     return run, hooks, validator, out, profiler
 

@@ -64,6 +64,20 @@ def test_faults_are_parsed_and_bad_ones_refused_by_name():
         faults.parse_faults(["nan@3", "nan@3"])
 
 
+def test_a_restart_fires_again_only_the_lr_faults_after_its_checkpoint(tmp_path):
+    """The record of fired faults outlives a crash, so nan@, spike@ and crash@ fire once
+    per run; an lr@ jump lives in state a checkpoint keeps, so a run resumed from a step
+    before it (the checkpoint's factor predates the jump) fires it again at its step."""
+    given = faults.parse_faults(["nan@12", "lr@15:10", "crash@18", "lr@5:2"])
+    first = faults.FaultLog(given, tmp_path / faults.FAULTS_FILE)
+    assert [str(f) for s in (5, 12, 15, 18) for f in first.due(s)] == [
+        "lr@5:2", "nan@12", "lr@15:10", "crash@18"]
+    resumed = faults.FaultLog(given, tmp_path / faults.FAULTS_FILE, resumed_from=10)
+    assert [str(f) for s in range(1, 25) for f in resumed.due(s)] == ["lr@15:10"]
+    later = faults.FaultLog(given, tmp_path / faults.FAULTS_FILE, resumed_from=16)
+    assert [f for s in range(1, 25) for f in later.due(s)] == []
+
+
 def test_window_limits_are_mean_plus_z_std_of_accepted_steps_after_warm_up():
     rng = np.random.default_rng(0)
     losses, norms = list(rng.normal(3, 0.1, 30)), list(rng.normal(1, 0.2, 30))
@@ -127,9 +141,9 @@ def test_a_spike_above_the_limit_is_rejected_inside_the_step():
 # --------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_injected_faults_are_caught_at_their_steps_and_counted():
+def test_injected_faults_are_caught_at_their_steps_and_counted(tmp_path):
     logs = []
-    r = train(RUN, progress=False, log=lambda m, k="warning": logs.append(m),
+    r = train(RUN, progress=False, log=lambda m, k="warning": logs.append(m), out_dir=tmp_path,
               faults=faults.parse_faults(["spike@26", "nan@30", "spike@34:repeat"]))
     caught = {e["step"]: e for e in r.spike_events if e["event"] in ("spike", "nonfinite")}
     assert sorted(caught) == [26, 30, 34]
@@ -139,6 +153,15 @@ def test_injected_faults_are_caught_at_their_steps_and_counted():
     assert r.skipped_steps == 3 and r.steps_run == 40 and math.isfinite(r.val_loss)
     assert caught[26]["loss"] > caught[26]["loss_max"]
     assert any("step 26: spike" in m for m in logs)
+    # the learning rate recorded is the one each update used: the schedule at the
+    # optimizer's count, which a skipped update does not advance (3 behind at the end)
+    schedule, before = lr_schedule(RUN), 0
+    steps = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in steps if "batch" in x]
+    for x in steps:
+        assert x["lr"] == pytest.approx(float(schedule(x["step"] - 1 - before)), rel=1e-6), x
+        before = x["skipped"]
+    assert before == 3 and steps[-1]["lr"] != pytest.approx(float(schedule(39)), rel=1e-3)
 
 
 @pytest.mark.slow

@@ -223,3 +223,26 @@ def test_the_reference_step_is_the_planned_single_device_step(model):
         assert float(m["loss"]) == float(pm["loss"])
     for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(planned.full_params(state))):
         assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_every_hook_closes_when_one_fails_and_the_first_error_is_raised():
+    """A hook whose close raises (a profile trace that cannot be written) does not keep the
+    hooks after it, the checkpoint saver among them, from closing."""
+    from jaxscale.training import hooks as H
+    closed = []
+
+    class Closing(H.Hook):
+        def __init__(self, name, error=None):
+            self.name, self.error = name, error
+
+        def close(self):
+            closed.append(self.name)
+            if self.error:
+                raise self.error
+    first, later = OSError("the trace cannot be written"), KeyboardInterrupt()
+    with pytest.raises(OSError) as e:
+        H.close_all([Closing("profiler", first), Closing("metrics"),
+                     Closing("progress", later), Closing("checkpoints")])
+    assert e.value is first and closed == ["profiler", "metrics", "progress", "checkpoints"]
+    H.close_all([Closing("a"), Closing("b")])  # none fails: nothing raised
+    assert closed[-2:] == ["a", "b"]
