@@ -111,7 +111,10 @@ def test_the_cli_names_the_command_that_resumes(tmp_path, monkeypatch, capsys):
             "--checkpoint-every", "2", "--out", str(tmp_path / "out"), "--json"]
     monkeypatch.setenv(crash.ENV, "writing@1:INT")
     assert main(argv) == 130
-    err = capsys.readouterr().err
+    printed = capsys.readouterr()
+    err = printed.err
+    partial = json.loads(printed.out)  # --json: the steps that ran, marked interrupted
+    assert partial["interrupted"] is True and partial["steps_run"] == 2
     assert "Traceback" not in err and "finishing the checkpoint of step 2" in err, err
     line = next(ln for ln in err.splitlines() if "resume with:" in ln)
     command = shlex.split(line.split("resume with: ", 1)[1])
