@@ -37,7 +37,7 @@ PLAN = ["plan", "--params", "7e9", "--devices", "8"]
       "--abstract"], ["compare --abstract compiles in one process"]),
     # an unknown schedule is named as unknown, whatever else is given
     (["schedule", "--schedule", "zb1", "--weight-cost", "0.5"],
-     ["invalid choice: 'zb1'", "zb-h1"]),
+     ["unknown pipeline schedule 'zb1'", "zb-h1"]),
     # nothing asked of steps that never run is dropped in silence
     (["compare", "--abstract", "--profile", "prof"], ["--profile keeps what training steps"]),
     (["compare", "--abstract", "--profile", "prof", "--save-params", "params"],

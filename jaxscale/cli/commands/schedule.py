@@ -40,7 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--micro-batches", type=_number(maximum=MAX_MICRO_BATCHES), default=4,
                    metavar="M", help="micro-batches m per step (default 4, at most "
                                      f"{MAX_MICRO_BATCHES:,})")
-    p.add_argument("--schedule", default="1f1b", metavar="NAME", choices=sched.SCHEDULES,
+    p.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help=f"one of {', '.join(sched.SCHEDULES)} (default 1f1b)")
     p.add_argument("--virtual", type=_number(maximum=MAX_VIRTUAL), default=None, metavar="V",
                    help="model chunks per device, interleaved only (default 2 there and for "
@@ -74,6 +74,8 @@ def _show(x: Fraction) -> str:
 
 def _cmd_schedule(args) -> int:
     name, p, m = args.schedule, args.stages, args.micro_batches
+    if name not in sched.SCHEDULES:  # named as unknown before any check that takes it as known
+        sched.check_sizes(name, p, m)  # raises ScheduleError: unknown, and the choices
     v = args.virtual if args.virtual is not None else (
         2 if name in ("interleaved", *sched.VEE) else 1)
     if v > 1 and name in sched.SCHEDULES and name not in ("interleaved", *sched.VEE):
