@@ -18,6 +18,7 @@ a layout or to jaxscale left a layout's numerics and costs alone.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 SAME_JOB = ("model", "devices", "steps", "batch_size")  # and the platform it ran on
@@ -90,7 +91,8 @@ def moved(base: dict, result: dict) -> dict:
 def _max_rel_diff(now: list[float], then: list[float]) -> float:
     if len(now) != len(then):
         return float("inf")
-    return max((abs(a - b) / abs(b) for a, b in zip(now, then)), default=0.0)
+    diffs = [abs(a - b) / abs(b) for a, b in zip(now, then)]  # a NaN anywhere is a NaN
+    return math.nan if any(math.isnan(d) for d in diffs) else max(diffs, default=0.0)
 
 
 def _change(row: dict, what: str, then, now) -> dict:

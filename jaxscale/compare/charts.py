@@ -5,7 +5,7 @@ Each chart compares like with like:
               weights + optimizer state) beside the formula's (parameters, then optimizer
               state, which includes the master copy). Gradients are left out of both: they
               are not part of the state the step carries (XLA counts them among temporaries)
-  bytes.png   bytes one device sends per step: counted in the compiled HLO beside the
+  bytes.png   bytes one device sends per step: counted in the lowered HLO beside the
               prediction, on a log scale; a strategy that sends nothing gets a "0", not a bar
   losses.png  each strategy's relative loss difference from the single device per step,
               |loss - single| / single, on a log scale, with the control run's drift (the
@@ -124,7 +124,7 @@ def bytes_figure(rows: list[dict], note: str = ""):
     if positive:
         ax.set_ylim(min(positive) / 5, max(positive) * 3)
     ax.set(xticks=x, ylabel="bytes sent per device per step (log scale)",
-           title="communication: bytes one device sends per step, counted in the compiled HLO "
+           title="communication: bytes one device sends per step, counted in the lowered HLO "
                  f"vs predicted\n(every collective as a ring; 0 = no collective){note}")
     ax.set_xticklabels([r["name"] for r in rows], rotation=30, ha="right")
     ax.title.set_fontsize(9)
@@ -156,10 +156,12 @@ def losses_figure(result: dict, rows: list[dict], note: str = ""):
         style = dict(color="k", ls="--", lw=1.6, marker="", zorder=3) if control else dict(
             color=colours[i % len(colours)], lw=1, marker=markers[i % len(markers)], ms=3.5)
         ax.plot(steps, np.maximum(d, floor), label=label, **style)
-    ax.axhline(max(noise["drift"], floor), color="0.4", ls=":", lw=1.2,
-               label=f"noise: {noise['control']}'s largest drift {noise['drift']:.1e}")
-    ax.axhline(max(noise["tolerance"], floor), color="red", lw=1.2,
-               label=f"pass bound {noise['tolerance']:.1e}")
+    if noise["drift"] is not None:  # None: the control run failed
+        ax.axhline(max(noise["drift"], floor), color="0.4", ls=":", lw=1.2,
+                   label=f"noise: {noise['control']}'s largest drift {noise['drift']:.1e}")
+    if noise["tolerance"] is not None:  # None: no bound to pass (and none given)
+        ax.axhline(max(noise["tolerance"], floor), color="red", lw=1.2,
+                   label=f"pass bound {noise['tolerance']:.1e}")
     ax.axhspan(floor / 2, floor * 1.5, color="0.9", zorder=0,
                label=f"exactly 0, drawn at {floor:.0e}")
     ax.set(yscale="log", ylim=(floor / 2, None), xlabel="step",

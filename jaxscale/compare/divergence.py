@@ -45,6 +45,11 @@ def rounding_bound(n_terms: int) -> float:
     return float(np.sqrt(n_terms)) * FP32_EPS
 
 
+def first_parted(rel: list[float], tolerance: float) -> int | None:
+    """The first step whose relative difference is over `tolerance` or NaN, else None."""
+    return next((i for i, r in enumerate(rel) if not r <= tolerance), None)
+
+
 def trace(plan: Plan, cfg, params, batches: list[dict], devices, tolerance: float,
           optimizer, reference: Plan = Plan()) -> dict:
     """The report (module docstring) for `plan` against the single device's `reference`
@@ -53,7 +58,7 @@ def trace(plan: Plan, cfg, params, batches: list[dict], devices, tolerance: floa
     layout, single = (_train(p, cfg, params, batches, devices, optimizer)
                       for p in (plan, reference))
     rel = [abs(a - b) / abs(b) for a, b in zip(layout["losses"], single["losses"])]
-    step = next((i for i, r in enumerate(rel) if r > tolerance), None)
+    step = first_parted(rel, tolerance)
     report = {"tolerance": tolerance, "first_step": step, "loss_rel_diff": rel}
     if step is None:
         return report

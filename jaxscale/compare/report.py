@@ -78,7 +78,8 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
         opt = lambda x: "-" if x is None else _bytes(x)  # noqa: E731 - not modelled
         step = (f"{r['step_s'] * 1e3:.1f} ms ({r['step_s_q1'] * 1e3:.1f}-"
                 f"{r['step_s_q3'] * 1e3:.1f})" if r["step_s"] else "-")
-        rows.append([r["name"], r["mesh"], f"{r['max_rel_dloss']:.1e}",
+        dloss = f"{r['max_rel_dloss']:.1e}" if "max_rel_dloss" in r else "-"  # no reference
+        rows.append([r["name"], r["mesh"], dloss,
                      "pass" if r["pass"] else "FAIL", _bytes(r["states_measured"]),
                      opt(r["states_predicted"]), _bytes(r["memory"]["temporaries"]),
                      _bytes(r["sent_total"]), opt(r["sent_predicted_total"]),

@@ -20,6 +20,7 @@ replaces the bound.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from jaxscale.compare import phases
@@ -156,7 +157,7 @@ def judge(rows: list[dict], tolerance: float | None = None) -> dict:
     for r in ok.values():
         if ref is not None:
             r["rel_dloss"] = [abs(a - b) / abs(b) for a, b in zip(r["losses"], ref["losses"])]
-            r["max_rel_dloss"] = max(r["rel_dloss"])
+            r["max_rel_dloss"] = worst(r["rel_dloss"])
     drift = control["max_rel_dloss"] if control is not None and ref is not None else None
     if tolerance is not None:
         bound, why = tolerance, "given with --tolerance"
@@ -167,11 +168,17 @@ def judge(rows: list[dict], tolerance: float | None = None) -> dict:
                                                f"{drift:.2g})")
     else:
         bound, why = None, "no single-device reference or control run: nothing to judge"
-    for r in rows:
+    for r in rows:  # no reference, nothing to pass with
         r["pass"] = bool(r.get("status") == "ok" and bound is not None
-                         and r["max_rel_dloss"] <= bound)
+                         and r.get("max_rel_dloss", math.nan) <= bound)
     return {"control": CONTROL, "drift": drift, "multiple": NOISE_MULTIPLE,
             "floor": NOISE_FLOOR, "tolerance": bound, "why": why}
+
+
+def worst(diffs: list[float]) -> float:
+    """The largest difference, NaN if any is NaN: `max` keeps its first item against a NaN
+    after it (NaN compares false), so a loss that stopped being a number would pass."""
+    return math.nan if any(math.isnan(d) for d in diffs) else max(diffs)
 
 
 def layout_plan(layout: str, n: int) -> Plan:

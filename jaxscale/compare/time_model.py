@@ -95,8 +95,10 @@ def predicted_step(cfg, plan: dict, batch_size: int, sent_bytes: float | None,
 
 
 def plan_devices(plan: dict) -> int:
-    """Devices of a plan dict: dp x pp x cp x tp."""
-    return plan.get("dp", 1) * plan.get("pp", 1) * plan.get("cp", 1) * plan.get("tp", 1)
+    """Devices of a plan dict: dp x ep x pp x cp x tp (Plan.n_devices; ep splits the rows
+    too, so each device computes its share of the tokens)."""
+    return (plan.get("dp", 1) * plan.get("ep", 1) * plan.get("pp", 1) * plan.get("cp", 1)
+            * plan.get("tp", 1))
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:

@@ -1,6 +1,7 @@
 """`jaxscale compare`: strategies measured next to their predictions, and bad input."""
 import json
 
+import numpy as np
 import pytest
 
 from jaxscale.compare import strategies as C
@@ -218,6 +219,34 @@ def test_the_bound_comes_from_the_control_and_the_floor():
     assert C.judge(rows)["tolerance"] == C.NOISE_FLOOR and not rows[2]["pass"]
     assert C.judge(rows[2:4])["tolerance"] is None  # no reference: nothing passes
     assert not any(r["pass"] for r in rows[2:4])
+
+
+def test_a_loss_that_stops_being_a_number_fails_and_a_missing_reference_fails_all():
+    """A NaN after the first step fails the row (max() kept 0.0 against it, and the row
+    passed); the divergence search and a baseline see it as a change too. Without a
+    single-device row nothing passes, with --tolerance too, and the table still prints."""
+    from jaxscale.compare import baseline, divergence, report
+    nan = float("nan")
+    rows = [{"name": n, "status": "ok", "losses": ls} for n, ls in
+            [("single", [4.0, 3.0, 2.0]), ("control", [4.0, 3.0, 2.0]),
+             ("dp", [4.0, nan, nan])]]
+    C.judge(rows)
+    assert np.isnan(rows[2]["max_rel_dloss"]) and not rows[2]["pass"] and rows[1]["pass"]
+    assert np.isnan(baseline._max_rel_diff([4.0, nan], [4.0, 3.0]))
+    assert divergence.first_parted([0.0, nan, 1.0], 1e-6) == 1
+    assert divergence.first_parted([0.0, 2e-6], 1e-6) == 1
+    assert divergence.first_parted([0.0, 1e-6], 1e-6) is None
+    for tolerance in (None, 1e-5):
+        rows = [{"name": "single", "status": "failed", "error": "died", "mesh": "1 device"},
+                *({"name": n, "status": "ok", "losses": [4.0, 3.0], "mesh": "dp=2",
+                   "states_measured": 8, "states_predicted": 8, "memory": {"temporaries": 0},
+                   "sent_total": 0, "sent_predicted_total": 0, "compile_s": 1.0,
+                   "compile_source": "compiled", "step_s": None, "step_ratio": None}
+                  for n in ("control", "dp"))]
+        noise = C.judge(rows, tolerance)
+        assert not any(r["pass"] for r in rows), tolerance
+    cols, table = report.table_rows({"rows": rows, "noise": noise})
+    assert [t[2] for t in table] == ["-", "-", "-"]
 
 
 @pytest.mark.slow

@@ -135,6 +135,15 @@ def test_charts_without_failures_or_traffic(result, tmp_path):
     assert "failed" not in figs["losses"].axes[0].get_title()
 
 
+def test_a_failed_control_or_no_bound_draws_no_line_instead_of_crashing(result, tmp_path):
+    """The control run failed (no drift) and no --tolerance (no bound): the losses chart is
+    drawn without those two lines (before: max(None, floor) raised, and no table printed)."""
+    result["noise"].update(drift=None, tolerance=None)
+    ax = charts(result, tmp_path)["losses"].axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert not any(t.startswith(("noise:", "pass bound")) for t in labels), labels
+
+
 def test_a_plan_the_cost_model_does_not_cover_says_so(result, tmp_path):
     """A written-out layout with remat or bf16 has no prediction: its measured bars stand
     alone, labelled, instead of a crash or a 0 that would read as a prediction."""

@@ -23,6 +23,15 @@ def test_predicted_step_by_hand():
     assert T.predicted_step(cfg, {}, 32, 5.0, {**CAL, "bytes_per_s": None})["step_s"] is None
 
 
+def test_on_accelerators_each_device_computes_its_share_ep_included():
+    """Off the CPU the compute divides over every device of the plan: dp=2,ep=2 is four
+    devices, as Plan.n_devices counts them (before: ep was left out, twice the time)."""
+    cfg, gpu = model_config.preset("tiny"), {**CAL, "platform": "gpu"}
+    whole = T.predicted_step(cfg, {}, 32, 0.0, gpu)["compute_s"]
+    for plan in ({"dp": 4}, {"dp": 2, "ep": 2}, {"dp": 1, "ep": 2, "tp": 2}):
+        assert T.predicted_step(cfg, plan, 32, 0.0, gpu)["compute_s"] == pytest.approx(whole / 4)
+
+
 def test_spearman():
     assert T.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert T.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
