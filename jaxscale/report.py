@@ -203,7 +203,7 @@ def _fmt(v) -> str:
             return str(v)
         if v == 0.0:
             return "0.0"
-        if abs(v) >= 1e5:  # 136,512 (tokens/s and the like), never 1.365e+05
+        if abs(v) >= 1e4:  # 136,512 and 54,322 (tokens/s and the like), never 5.432e+04
             return f"{v:,.0f}"
         return f"{v:.4g}" if abs(v) >= 1e-3 else f"{v:.3e}"  # 0.000123 would hide digits
     return str(v)

@@ -47,7 +47,9 @@ is repeated in tests/data/test_data_filters.py.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 
@@ -82,7 +84,10 @@ class Decontaminator:
             else:
                 for gram in grams:
                     self.owners.setdefault(gram, []).append(doc_id)
-            self.needed.append(max(1, int(np.ceil(self.min_fraction * len(grams)))))
+            # the fraction as written (0.14 is 7/50): float products round up past whole
+            # counts (0.14 * 50 = 7.000000000000001), and ceil would ask for 8 of 50
+            share = Fraction(repr(self.min_fraction)) * len(grams)
+            self.needed.append(max(1, math.ceil(share)))
 
     def contaminated(self, texts: Sequence[str]) -> np.ndarray:
         """bool array: True where the page shares enough of one validation document."""

@@ -51,6 +51,9 @@ class Corpus:
 
     def train_batches(self, batch_size: int, seed: int | None = None):
         """Endless batches of `batch_size` documents, reshuffled every pass (seeded)."""
+        if not 1 <= batch_size <= len(self.train):  # else no batch, and the loop would spin
+            raise ValueError(f"a batch of {batch_size} needs 1 to {len(self.train)} training "
+                             f"rows (this corpus has {len(self.train)})")
         rng = np.random.default_rng([self.seed if seed is None else seed, 1])
         n = len(self.train) // batch_size * batch_size
         while True:

@@ -228,6 +228,7 @@ def test_an_interrupted_compare_prints_the_finished_rows(capsys, monkeypatch):
 def test_table_numbers_one_style_per_kind():
     from jaxscale.report import _fmt, plural
     assert _fmt(136512.4) == "136,512" and "e" not in _fmt(1.5e12)
+    assert _fmt(54321.7) == "54,322" and _fmt(12345.0) == "12,345"  # not 5.432e+04
     assert _fmt(0.5) == "0.5" and _fmt(12.25) == "12.25"
     assert plural(1, "micro-batch", "micro-batches") == "1 micro-batch"
     assert plural(4, "micro-batch", "micro-batches") == "4 micro-batches"

@@ -162,6 +162,16 @@ def test_decontamination_finds_every_contaminated_page(corpus):
     assert gpt3["recall"] == 1.0 and gpt3["precision"] < 0.5, gpt3
 
 
+def test_the_share_of_n_grams_needed_is_the_fraction_as_written():
+    """min_fraction 0.14 of a document's 50 distinct 13-grams is 7 (0.14 * 50 is
+    7.000000000000001 in floats, and its ceiling asked for 8)."""
+    words = [f"w{i}" for i in range(62)]  # 50 distinct 13-grams
+    finder = Decontaminator([" ".join(words)], min_fraction=0.14)
+    assert finder.needed == [7]
+    found = finder.contaminated([" ".join(words[:19]), " ".join(words[:18])])  # 7 and 6
+    np.testing.assert_array_equal(found, [True, False])
+
+
 def test_decontaminator_refuses_bad_input():
     with pytest.raises(ValueError, match="non-empty sequence"):
         Decontaminator([])

@@ -57,6 +57,14 @@ def test_rare_words_are_rare_but_present(corpus):
         assert 0 < doc_freq < 0.01, (word, doc_freq)
 
 
+def test_a_batch_larger_than_the_corpus_is_refused_not_awaited(corpus):
+    """Fewer training rows than one batch (a packed corpus has ~45 documents a row): the
+    first batch is refused with the sizes, where it used to spin for ever."""
+    for size in (len(corpus.train) + 1, 0):
+        with pytest.raises(ValueError, match=f"a batch of {size} needs 1 to"):
+            next(corpus.train_batches(size))
+
+
 def test_batches_mask_padding_and_count_tokens(corpus):
     batches = corpus.train_batches(32)
     sizes = []
