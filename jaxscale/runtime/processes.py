@@ -116,7 +116,8 @@ def start(cluster: Cluster, n_devices: int | None = None) -> None:
     """Join the job: force this process's share of n_devices CPU devices (None: use the
     accelerators), choose gloo for CPU collectives, then jax.distributed.initialize."""
     import jax
-    if n_devices is not None:
+    if n_devices is not None:  # a job of forced CPU devices: no accelerator is started,
+        jax.config.update("jax_platforms", "cpu")  # whatever is installed (as --platform cpu)
         devlib.configure_cpu_runtime(local_device_count(cluster, n_devices))
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         keep_stdout_for_python()

@@ -116,9 +116,13 @@ class Profiler:
         self.start()
         try:
             yield self
-        finally:
+        except BaseException:
             if self.running:
-                self.stop()
+                with contextlib.suppress(RuntimeError):  # the body's error, not the stop's
+                    self.stop()
+            raise
+        if self.running:
+            self.stop()
 
     def step(self, i: int):
         """A context manager marking training step `i` on the timeline (a "train" event

@@ -180,3 +180,19 @@ def test_gradient_accumulation_reduces_once_per_step(devices):
         assert not [c for c in loops if any(len(d) for _, d in c.shapes)], m
     assert sent[4] == sent[1]
     assert jax.tree.leaves(sent[1])
+
+
+def test_a_job_of_forced_cpu_devices_starts_no_accelerator():
+    """processes.start with forced CPU devices sets JAX's platforms to the CPU, so that a
+    machine with a GPU or libtpu installed builds its meshes over the forced devices, as
+    --platform cpu does (the suite's own JAX_PLATFORMS=cpu is taken away here)."""
+    from conftest import run_python
+    code = ("import os; os.environ.pop('JAX_PLATFORMS', None)\n"
+            "import jax\n"
+            "from jaxscale.runtime import processes\n"
+            "jax.distributed.initialize = lambda *a, **k: None  # no coordinator needed\n"
+            "processes.start(processes.Cluster('127.0.0.1:1', 2, 0), 8)\n"
+            "print(jax.config.jax_platforms, len(jax.devices()), jax.devices()[0].platform)\n")
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["cpu", "4", "cpu"]

@@ -111,6 +111,24 @@ def test_an_error_inside_stops_the_trace_and_a_new_one_can_start(tmp_path, work)
     assert step_times(tmp_path) == []  # the newest trace is read: no step annotations
 
 
+def test_the_bodys_error_propagates_when_the_stop_fails_too(tmp_path, monkeypatch):
+    """A body that raises, then a trace that cannot be written: the body's error is the one
+    the caller sees (before: the stop's RuntimeError from `finally` replaced it)."""
+    prof, real_stop = Profiler(tmp_path), jax.profiler.stop_trace
+
+    def unwritable():
+        real_stop()  # JAX's one trace slot is freed; the writing is what "fails"
+        raise OSError("no space left on device")
+    monkeypatch.setattr(jax.profiler, "stop_trace", unwritable)
+    with pytest.raises(ZeroDivisionError):
+        with prof.trace():
+            1 / 0
+    assert not prof.running
+    with pytest.raises(RuntimeError, match="was not written: no space"):
+        with prof.trace():  # with no error of its own, the stop's error is raised
+            pass
+
+
 def test_one_trace_at_a_time(tmp_path, work):
     first, second = Profiler(tmp_path / "a"), Profiler(tmp_path / "b")
     with first.trace():
