@@ -8,8 +8,9 @@ half-written last line, and Orbax's own checkpoint files): the bytes go to a
 temporary name in the same folder (the same file system, so the rename is atomic), and only
 a write that finished is renamed over the target. A failure, or Ctrl-C, leaves the target
 as it was and removes the temporary file. `durable=True` also waits for the disk before the
-rename, for the files a restarted process must trust after a crash (the record of fired
-faults, a cleaned data set); a cache that can be rebuilt does without.
+rename and for the folder after it, for the files a restarted process must trust after a
+crash (the record of fired faults, a cleaned data set); a cache that can be rebuilt does
+without.
 
 A run that writes result.json, a chart and a log into a folder where an earlier run wrote
 the same names, and is interrupted half way, would leave the new log beside the old chart:
@@ -47,6 +48,12 @@ def replacing(path: Path, mode: str = "w", durable: bool = False) -> Iterator[IO
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+        if durable:  # the rename itself survives a power loss once its folder is synced
+            folder = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
     finally:
         tmp.unlink(missing_ok=True)
 

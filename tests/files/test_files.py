@@ -37,6 +37,20 @@ def test_nothing_is_created_when_the_first_write_fails(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_durable_write_syncs_the_file_then_its_folder(tmp_path, monkeypatch):
+    """durable=True: the file's bytes reach the disk before the rename, and the folder's
+    entry after it (else a power loss can bring the old file back)."""
+    synced, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(
+        f"/proc/self/fd/{fd}")), real(fd)))
+    target = tmp_path / "faults.json"
+    write_text_atomically(target, "{}", durable=True)
+    assert [os.path.basename(p).startswith(".faults.json.tmp-") for p in synced] == [True, False]
+    assert synced[1] == str(tmp_path)
+    write_text_atomically(target, "{}")  # a cache: no wait for the disk
+    assert len(synced) == 2
+
+
 def test_a_symbolic_link_is_followed_and_kept(tmp_path):
     (tmp_path / "runs").mkdir()
     target = tmp_path / "runs" / "compare.md"
