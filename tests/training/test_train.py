@@ -246,3 +246,28 @@ def test_every_hook_closes_when_one_fails_and_the_first_error_is_raised():
     assert e.value is first and closed == ["profiler", "metrics", "progress", "checkpoints"]
     H.close_all([Closing("a"), Closing("b")])  # none fails: nothing raised
     assert closed[-2:] == ["a", "b"]
+
+
+def test_a_setup_that_fails_after_resume_closes_the_checkpointer_and_the_metrics(
+        tmp_path, monkeypatch):
+    """A run whose profile folder cannot be made (a file is in the way) fails after its
+    state, checkpointer and metrics.jsonl exist: both are closed on the way out (before:
+    only a failure inside the resume itself closed the checkpointer)."""
+    from jaxscale.training import run as runlib, setup
+    from jaxscale.training.checkpoint.manager import CheckpointOptions, Checkpointer
+    closed, real_open = [], runlib.open_metrics
+
+    def tracked_metrics(path, start):
+        f = real_open(path, start)
+        monkeypatch.setattr(f, "close", lambda real=f.close: (closed.append("metrics"), real()))
+        return f
+    monkeypatch.setattr(setup, "open_metrics", tracked_metrics)
+    monkeypatch.setattr(Checkpointer, "close", lambda self, real=Checkpointer.close: (
+        closed.append("checkpointer"), real(self)))
+    (tmp_path / "afile").write_text("x")
+    cfg = TrainConfig(model="tiny", steps=2, eval_every=1000, warmup=1, n_train_docs=256,
+                      n_val_docs=8)
+    with pytest.raises(ValueError, match="afile exists and is not a directory"):
+        train(cfg, out_dir=tmp_path / "out", progress=False, profile=tmp_path / "afile",
+              checkpoint=CheckpointOptions(str(tmp_path / "ck"), every=2))
+    assert sorted(closed) == ["checkpointer", "metrics"]
